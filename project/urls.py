@@ -1,0 +1,9 @@
+from django.contrib import admin
+from django.urls import path
+
+from project.customers.views import fake_crm_contacts
+
+urlpatterns = [
+    path("fake-crm/contacts/", fake_crm_contacts, name="fake-crm-contacts"),
+    path("admin/", admin.site.urls),
+]

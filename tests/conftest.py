@@ -1,0 +1,24 @@
+"""Shared fixtures. Layers: tests/unit (one module), tests/integration (the database, the admin),
+tests/acceptance (real worker processes, real browser, the seed's acceptance tests)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def postgres_only(db: None) -> None:
+    """Skip with a visible reason when the suite runs on SQLite."""
+    if not is_postgres():
+        pytest.skip("needs PostgreSQL: run with DATABASE_URL=postgres://... (see README)")
+
+
+@pytest.fixture(autouse=True)
+def _q_sync(settings: object) -> None:
+    # Jobs run inline after commit unless a test starts a real cluster.
+    settings.TOMBSTONES_Q_OPTIONS = {"sync": True}  # type: ignore[attr-defined]

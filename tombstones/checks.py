@@ -1,0 +1,148 @@
+"""System checks: ``tombstones.E0xx`` errors and ``tombstones.W0xx`` warnings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models
+
+from .conf import tombstone_settings
+from .options import get_options, is_erasable
+from .records import TombstoneModel
+
+
+def _tombstone_models() -> list[type[TombstoneModel]]:
+    return [m for m in apps.get_models() if issubclass(m, TombstoneModel)]
+
+
+def _is_unique(model: type[models.Model], field: models.Field[Any, Any]) -> bool:
+    if field.unique:
+        return True
+    for constraint in model._meta.constraints:
+        if (
+            isinstance(constraint, models.UniqueConstraint)
+            and tuple(constraint.fields) == (field.name,)
+            and constraint.condition is None
+        ):
+            return True
+    return False
+
+
+def check_tombstone_meta(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for model in _tombstone_models():
+        opts = get_options(model)
+        label = model._meta.label
+        key = opts.business_key
+        if key is not None:
+            try:
+                field = model._meta.get_field(key)
+            except FieldDoesNotExist:
+                errors.append(
+                    checks.Error(
+                        f"TombstoneMeta.business_key names {key!r}, which is not a field of "
+                        f"{label}.",
+                        obj=model,
+                        id="tombstones.E001",
+                    )
+                )
+            else:
+                if not _is_unique(model, field):  # type: ignore[arg-type]
+                    errors.append(
+                        checks.Error(
+                            f"The business key {label}.{key} is not unique.",
+                            hint="Add unique=True: a key must name one row, live or tombstone.",
+                            obj=model,
+                            id="tombstones.E002",
+                        )
+                    )
+                if key in opts.personal_fields:
+                    errors.append(
+                        checks.Error(
+                            f"{label}.{key} is both the business key and a personal field.",
+                            hint="A tombstone keeps its business key; erase another field.",
+                            obj=model,
+                            id="tombstones.E004",
+                        )
+                    )
+        for name in opts.personal_fields:
+            try:
+                pfield = model._meta.get_field(name)
+            except FieldDoesNotExist:
+                errors.append(
+                    checks.Error(
+                        f"TombstoneMeta.personal_fields names {name!r}, which is not a field of "
+                        f"{label}.",
+                        obj=model,
+                        id="tombstones.E001",
+                    )
+                )
+                continue
+            if (
+                not isinstance(pfield, models.Field)
+                or not is_erasable(pfield)
+                or pfield.primary_key
+            ):
+                errors.append(
+                    checks.Error(
+                        f"The personal field {label}.{name} cannot be erased.",
+                        hint="Personal fields must be text fields or nullable.",
+                        obj=model,
+                        id="tombstones.E003",
+                    )
+                )
+            elif pfield.unique and not pfield.null:
+                errors.append(
+                    checks.Error(
+                        f"The personal field {label}.{name} is unique but not nullable: two "
+                        "tombstones would both hold ''.",
+                        hint="Make it null=True so tombstones store NULL.",
+                        obj=model,
+                        id="tombstones.E005",
+                    )
+                )
+    return errors
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    problems = tombstone_settings.validate()
+    errors: list[checks.CheckMessage] = [
+        checks.Error(message, id="tombstones.E011") for message in problems
+    ]
+    if not problems and tombstone_settings.RETENTION <= tombstone_settings.JOB_MAX_AGE:
+        errors.append(
+            checks.Error(
+                "TOMBSTONES_RETENTION must be longer than TOMBSTONES_JOB_MAX_AGE.",
+                hint="Otherwise a tombstone can be purged while a job that needs it still waits.",
+                id="tombstones.E010",
+            )
+        )
+    return errors
+
+
+def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    warnings: list[checks.CheckMessage] = []
+    for alias, conf in settings.DATABASES.items():
+        if "sqlite3" not in conf.get("ENGINE", ""):
+            continue
+        mode = str(conf.get("OPTIONS", {}).get("transaction_mode", "")).upper()
+        if mode != "IMMEDIATE":
+            warnings.append(
+                checks.Warning(
+                    f"Database {alias!r} is SQLite without transaction_mode='IMMEDIATE'.",
+                    hint="Worker processes will hit 'database is locked'. Set "
+                    "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 20}.",
+                    id="tombstones.W001",
+                )
+            )
+    return warnings
+
+
+def register() -> None:
+    checks.register(check_tombstone_meta, checks.Tags.models)
+    checks.register(check_settings)
+    checks.register(check_sqlite, checks.Tags.database)

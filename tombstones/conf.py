@@ -1,0 +1,151 @@
+"""Settings, read lazily at call time with a ``TOMBSTONES_`` prefix.
+
+Every setting has a documented default (see docs/settings.md). A malformed value raises
+``ImproperlyConfigured`` naming the setting, at the moment it is used and in ``manage.py check``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _as_timedelta(name: str, value: Any) -> timedelta:
+    # Seconds as a number are accepted because environment-driven settings are often plain ints.
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = timedelta(seconds=value)
+    else:
+        raise ImproperlyConfigured(
+            f"TOMBSTONES_{name} must be a datetime.timedelta or a number of seconds, "
+            f"not {type(value).__name__}."
+        )
+    if result <= timedelta(0):
+        raise ImproperlyConfigured(f"TOMBSTONES_{name} must be positive.")
+    return result
+
+
+def _as_int(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ImproperlyConfigured(f"TOMBSTONES_{name} must be an integer >= {minimum}.")
+    return value
+
+
+def _as_float(name: str, value: Any, minimum: float) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
+        raise ImproperlyConfigured(f"TOMBSTONES_{name} must be a number >= {minimum}.")
+    return float(value)
+
+
+def _as_dict(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"TOMBSTONES_{name} must be a dict.")
+    return value
+
+
+@dataclass(frozen=True)
+class _Setting:
+    default: Any
+    kind: str
+    minimum: float = 0
+
+
+_SETTINGS: dict[str, _Setting] = {
+    # How many times a job re-reads its record after a version conflict before backing off.
+    "STALE_REREADS": _Setting(3, "int", 0),
+    # Attempts (first run included) before a temporarily failing job ends failed.
+    "MAX_ATTEMPTS": _Setting(5, "int", 1),
+    # Base delay of the exponential retry backoff, and its cap.
+    "RETRY_BACKOFF": _Setting(timedelta(seconds=2), "timedelta"),
+    "RETRY_BACKOFF_MAX": _Setting(timedelta(minutes=10), "timedelta"),
+    # How long a tombstone is kept before purge_tombstones may remove it.
+    "RETENTION": _Setting(timedelta(days=30), "timedelta"),
+    # A job that waited longer than this is expired without running.
+    "JOB_MAX_AGE": _Setting(timedelta(days=7), "timedelta"),
+    # How long a claimed job is leased to its worker before the sweep may take it back.
+    "LEASE": _Setting(timedelta(seconds=60), "timedelta"),
+    # Interval of the periodic sweep, in minutes (a django-q2 schedule).
+    "SWEEP_MINUTES": _Setting(1, "int", 1),
+    # How many jobs of one lane a worker runs in one wake-up before handing the lane back.
+    "LANE_DRAIN": _Setting(50, "int", 1),
+    # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
+    "Q_OPTIONS": _Setting({}, "dict"),
+}
+
+
+class TombstoneSettings:
+    """Typed, lazy access to the ``TOMBSTONES_*`` settings."""
+
+    def _get(self, name: str) -> Any:
+        spec = _SETTINGS[name]
+        value = getattr(django_settings, f"TOMBSTONES_{name}", spec.default)
+        if spec.kind == "timedelta":
+            return _as_timedelta(name, value)
+        if spec.kind == "int":
+            return _as_int(name, value, int(spec.minimum))
+        if spec.kind == "float":
+            return _as_float(name, value, spec.minimum)
+        return _as_dict(name, value)
+
+    @property
+    def STALE_REREADS(self) -> int:
+        return int(self._get("STALE_REREADS"))
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:
+        return int(self._get("MAX_ATTEMPTS"))
+
+    @property
+    def RETRY_BACKOFF(self) -> timedelta:
+        return self._get("RETRY_BACKOFF")
+
+    @property
+    def RETRY_BACKOFF_MAX(self) -> timedelta:
+        return self._get("RETRY_BACKOFF_MAX")
+
+    @property
+    def RETENTION(self) -> timedelta:
+        return self._get("RETENTION")
+
+    @property
+    def JOB_MAX_AGE(self) -> timedelta:
+        return self._get("JOB_MAX_AGE")
+
+    @property
+    def LEASE(self) -> timedelta:
+        return self._get("LEASE")
+
+    @property
+    def SWEEP_MINUTES(self) -> int:
+        return int(self._get("SWEEP_MINUTES"))
+
+    @property
+    def LANE_DRAIN(self) -> int:
+        return int(self._get("LANE_DRAIN"))
+
+    @property
+    def Q_OPTIONS(self) -> dict[str, Any]:
+        return dict(self._get("Q_OPTIONS"))
+
+    def validate(self) -> list[str]:
+        """Return one message per malformed setting (used by the system checks)."""
+        errors = []
+        for name in _SETTINGS:
+            try:
+                self._get(name)
+            except ImproperlyConfigured as exc:
+                errors.append(str(exc))
+        return errors
+
+    def backoff(self, attempts: int) -> timedelta:
+        """Delay before attempt ``attempts + 1``: base * 2**(attempts-1), capped."""
+        delay = self.RETRY_BACKOFF * (2 ** max(attempts - 1, 0))
+        return min(delay, self.RETRY_BACKOFF_MAX)
+
+
+tombstone_settings = TombstoneSettings()

@@ -1,0 +1,109 @@
+"""Enqueue: snapshot (record, generation, version) in the caller's transaction; wake on commit."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.db import models, router, transaction
+
+from .conf import tombstone_settings
+from .exceptions import InvalidParams, MissingFence, RecordDeleted
+from .models import Job, JobEvent
+from .registry import get_handler
+
+logger = logging.getLogger("tombstones")
+
+TASK = "tombstones.worker.run"
+
+
+def default_lane(record: models.Model) -> str:
+    """The default ordering key: ``app_label.model:pk``."""
+    return f"{record._meta.label_lower}:{record.pk}"
+
+
+def _check_params(params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidParams("Job params must be a dict (a JSON object).")
+    try:
+        json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidParams() from None
+    return params
+
+
+def enqueue(
+    handler: str,
+    record: models.Model,
+    *,
+    params: dict[str, Any] | None = None,
+    ordering_key: str | None = None,
+    run_after: datetime | None = None,
+    using: str | None = None,
+) -> Job:
+    """Queue a fenced job for ``record`` and wake a worker once the caller's transaction commits.
+
+    Refuses a record without a generation or version (MissingFence), a tombstone (RecordDeleted),
+    an unregistered handler (UnknownHandler) and params that are not JSON (InvalidParams).
+    """
+    found = get_handler(handler)
+    label = getattr(getattr(record, "_meta", None), "label", type(record).__name__)
+    generation = getattr(record, "generation", None)
+    version = getattr(record, "version", None)
+    pk = getattr(record, "pk", None)
+    if pk is None or not isinstance(generation, int) or not isinstance(version, int):
+        raise MissingFence(model=label, pk=pk)
+    if getattr(record, "deleted_at", None) is not None:
+        raise RecordDeleted(model=label, pk=pk, expected_generation=generation)
+    clean = _check_params(params)
+    if ordering_key is not None and (not isinstance(ordering_key, str) or not ordering_key):
+        raise ValueError("ordering_key must be a non-empty string.")
+    db = using or router.db_for_write(Job)
+    content_type = ContentType.objects.db_manager(db).get_for_model(record)
+    fields: dict[str, Any] = {
+        "handler": found.name,
+        "content_type": content_type,
+        "object_id": str(pk),
+        "generation": generation,
+        "version": version,
+        "lane": ordering_key or default_lane(record),
+        "params": clean,
+        "external": found.external,
+    }
+    if run_after is not None:
+        fields["run_after"] = run_after
+    with transaction.atomic(using=db):
+        job = Job.objects.using(db).create(**fields)
+        JobEvent.objects.using(db).create(
+            job=job,
+            content_type=content_type,
+            object_id=job.object_id,
+            event=JobEvent.Event.ENQUEUED,
+            expected_generation=generation,
+            expected_version=version,
+        )
+    job_id = job.pk
+    transaction.on_commit(lambda: wake(job_id), using=db)
+    return job
+
+
+def wake(job_id: int) -> str | None:
+    """Send the django-q2 message for one job (its id only). A lost message loses no job."""
+    from django_q.tasks import async_task
+
+    options = {"group": "tombstones", "ack_failure": True, **tombstone_settings.Q_OPTIONS}
+    try:
+        return async_task(TASK, job_id, **options)
+    except Exception as exc:  # noqa: BLE001 - any broker failure: the sweep re-dispatches the job
+        logger.error(
+            "wake for job %s failed (%s); the sweep will re-dispatch it",
+            job_id,
+            type(exc).__name__,
+            extra={"tombstones": {"job_id": job_id, "error_class": type(exc).__name__}},
+        )
+        return None

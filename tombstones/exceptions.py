@@ -1,0 +1,90 @@
+"""The app's exceptions: one root, data on attributes, never a record's field values.
+
+Each class's docstring is its default message. Messages carry the model label, the pk and the
+generation/version numbers only, so an exception can be logged or stored without leaking personal
+data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TombstoneError(Exception):
+    """A tombstone-guard operation could not be carried out."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        model: str | None = None,
+        pk: Any = None,
+        expected_generation: int | None = None,
+        found_generation: int | None = None,
+        expected_version: int | None = None,
+        found_version: int | None = None,
+    ) -> None:
+        self.model = model
+        self.pk = pk
+        self.expected_generation = expected_generation
+        self.found_generation = found_generation
+        self.expected_version = expected_version
+        self.found_version = found_version
+        super().__init__(message or self._default_message())
+
+    def _default_message(self) -> str:
+        text = (self.__doc__ or "").strip().splitlines()[0]
+        ident = []
+        if self.model is not None:
+            ident.append(f"{self.model} pk={self.pk}")
+        for label, expected, found in (
+            ("generation", self.expected_generation, self.found_generation),
+            ("version", self.expected_version, self.found_version),
+        ):
+            if expected is not None or found is not None:
+                ident.append(f"{label} expected={expected} found={found}")
+        return f"{text} ({', '.join(ident)})" if ident else text
+
+
+class RecordDeleted(TombstoneError):
+    """The record is a tombstone: it was deleted and cannot be written."""
+
+
+class GenerationChanged(TombstoneError):
+    """The record was deleted and re-created since this instance or job was made."""
+
+
+class StaleVersion(TombstoneError):
+    """The record changed since it was read: reload it and decide again."""
+
+
+class AlreadyLive(TombstoneError):
+    """A live record already holds this business key: nothing to re-create."""
+
+
+class RecordMissing(TombstoneError):
+    """Neither the record nor its tombstone exists (purged, or never existed)."""
+
+
+class MissingFence(TombstoneError):
+    """The record has no generation or version, so a job for it cannot be fenced."""
+
+
+class ProtectedField(TombstoneError):
+    """generation, version and deleted_at are moved only by delete(), save() and recreate()."""
+
+
+class UnknownHandler(TombstoneError):
+    """No job handler is registered under this name."""
+
+    def __init__(self, name: str) -> None:
+        self.handler = name
+        super().__init__(f"No job handler is registered under the name {name!r}.")
+
+
+class InvalidParams(TombstoneError):
+    """Job params must be a JSON object of plain values (str, int, float, bool, None, lists)."""
+
+
+class TransientError(TombstoneError):
+    """A temporary failure before anything was written or sent: the job is retried with backoff."""

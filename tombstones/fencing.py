@@ -1,0 +1,353 @@
+"""The one module that issues every statement moving ``generation``, ``version`` or ``deleted_at``.
+
+Each function returns a row count (or the instance) and, when the caller asks for it, raises a
+typed error from :mod:`tombstones.exceptions` built from ids and numbers only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, models, router, transaction
+from django.db.models import Exists, F, Q
+from django.db.models.functions import Now
+
+from .exceptions import (
+    AlreadyLive,
+    GenerationChanged,
+    ProtectedField,
+    RecordDeleted,
+    RecordMissing,
+    StaleVersion,
+    TombstoneError,
+)
+from .options import PROTECTED_FIELDS, erased_value, get_options
+
+if TYPE_CHECKING:
+    from .records import TombstoneModel
+
+_UpdateValues = list[tuple[Any, Any, Any]]  # (field, model, value) as QuerySet._update takes
+
+
+class State(enum.StrEnum):
+    """What one read of a record says, relative to an expected (generation, version)."""
+
+    LIVE = "live"  # live, same generation, same version
+    STALE = "stale"  # live, same generation, newer version: not a deletion
+    TOMBSTONE = "tombstone"  # deleted at the expected generation
+    GENERATION_CHANGED = "generation_changed"  # re-created (or deleted at a later generation)
+    MISSING = "missing"  # neither record nor tombstone: purged or never existed
+
+
+@dataclass(frozen=True)
+class Observation:
+    state: State
+    generation: int | None = None
+    version: int | None = None
+
+
+def _plain(model: type[models.Model], using: str | None) -> models.QuerySet[Any]:
+    # A plain QuerySet: the record querysets' own update()/delete() are overridden.
+    return models.QuerySet(model=model, using=using)
+
+
+def _raw_update(queryset: models.QuerySet[Any], values: _UpdateValues) -> int:
+    # QuerySet._update takes field objects (as Model.save does) and skips our update() override.
+    return int(queryset._update(values))  # type: ignore[attr-defined]
+
+
+def _field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    return model._meta.get_field(name)  # type: ignore[return-value]
+
+
+def _write_db(model: type[models.Model], using: str | None, instance: Any = None) -> str:
+    return using or router.db_for_write(model, instance=instance)
+
+
+def observe(
+    model: type[models.Model],
+    pk: Any,
+    generation: int | None,
+    version: int | None,
+    *,
+    using: str | None = None,
+) -> Observation:
+    """One read of the record through all rows, classified against the expectation."""
+    row = (
+        _plain(model, using or router.db_for_read(model))
+        .filter(pk=pk)
+        .values_list("generation", "version", "deleted_at")
+        .first()
+    )
+    if row is None:
+        return Observation(State.MISSING)
+    found_generation, found_version, deleted_at = row
+    if generation is not None and found_generation != generation:
+        state = State.GENERATION_CHANGED
+    elif deleted_at is not None:
+        state = State.TOMBSTONE
+    elif version is not None and found_version != version:
+        state = State.STALE
+    else:
+        state = State.LIVE
+    return Observation(state, found_generation, found_version)
+
+
+def conflict_error(
+    model: type[models.Model], pk: Any, generation: int, version: int, seen: Observation
+) -> TombstoneError:
+    """The typed error for a fenced write that matched 0 rows."""
+    kinds: dict[State, type[TombstoneError]] = {
+        State.TOMBSTONE: RecordDeleted,
+        State.GENERATION_CHANGED: GenerationChanged,
+        State.MISSING: RecordMissing,
+    }
+    return kinds.get(seen.state, StaleVersion)(
+        model=model._meta.label,
+        pk=pk,
+        expected_generation=generation,
+        found_generation=seen.generation,
+        expected_version=version,
+        found_version=seen.version,
+    )
+
+
+def _erasures(model: type[models.Model]) -> _UpdateValues:
+    values: _UpdateValues = []
+    for name in get_options(model).personal_fields:
+        field = _field(model, name)
+        values.append((field, None, erased_value(field)))
+    return values
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+def insert(instance: TombstoneModel, *, using: str | None = None) -> None:
+    """INSERT a brand-new record at generation 1, version 1.
+
+    A business key held by a tombstone is refused: reviving it is ``recreate()``'s job.
+    """
+    model = type(instance)
+    key = get_options(model).business_key
+    db = _write_db(model, using, instance)
+    if key is not None:
+        value = getattr(instance, _field(model, key).attname)
+        held = _plain(model, db).filter(**{key: value}, deleted_at__isnull=False)
+        tomb = held.values_list("pk", "generation", "version").first()
+        if tomb is not None:
+            raise RecordDeleted(
+                "A tombstone holds this business key; use all_objects.recreate() to revive it "
+                f"as a new generation ({model._meta.label} pk={tomb[0]}).",
+                model=model._meta.label,
+                pk=tomb[0],
+                found_generation=tomb[1],
+                found_version=tomb[2],
+            )
+    instance.generation = 1
+    instance.version = 1
+    instance.deleted_at = None
+    models.Model.save(instance, force_insert=True, using=db)
+
+
+def save(
+    instance: TombstoneModel,
+    *,
+    update_fields: Any = None,
+    using: str | None = None,
+) -> None:
+    """Fenced UPDATE of an existing record: matches (pk, generation, version, live), bumps version.
+
+    Raises RecordDeleted / GenerationChanged / StaleVersion / RecordMissing on 0 rows; never
+    falls back to INSERT.
+    """
+    model = type(instance)
+    if instance.deleted_at is not None:
+        raise RecordDeleted(
+            model=model._meta.label, pk=instance.pk, expected_generation=instance.generation
+        )
+    db = _write_db(model, using, instance)
+    names = None if update_fields is None else set(update_fields)
+    if names is not None and names & PROTECTED_FIELDS:
+        raise ProtectedField(model=model._meta.label, pk=instance.pk)
+    fields = [
+        f
+        for f in model._meta.concrete_fields
+        if not f.primary_key
+        and f.name not in PROTECTED_FIELDS
+        and (names is None or f.name in names or f.attname in names)
+    ]
+    models.signals.pre_save.send(
+        sender=model, instance=instance, raw=False, using=db, update_fields=update_fields
+    )
+    values: _UpdateValues = [(f, None, f.pre_save(instance, False)) for f in fields]
+    values.append((_field(model, "version"), None, F("version") + 1))
+    fenced = _plain(model, db).filter(
+        pk=instance.pk,
+        generation=instance.generation,
+        version=instance.version,
+        deleted_at__isnull=True,
+    )
+    matched = _raw_update(fenced, values)
+    if matched != 1:
+        seen = observe(model, instance.pk, instance.generation, instance.version, using=db)
+        raise conflict_error(model, instance.pk, instance.generation, instance.version, seen)
+    instance.version += 1
+    instance._state.db = db
+    models.signals.post_save.send(
+        sender=model,
+        instance=instance,
+        created=False,
+        raw=False,
+        using=db,
+        update_fields=update_fields,
+    )
+
+
+def update_live(queryset: models.QuerySet[Any], kwargs: dict[str, Any]) -> int:
+    """Queryset update(): live rows only, version + 1; the mixin's fields are refused."""
+    if PROTECTED_FIELDS & set(kwargs):
+        raise ProtectedField(model=queryset.model._meta.label)
+    live = queryset.filter(deleted_at__isnull=True)
+    return models.QuerySet.update(live, version=F("version") + 1, **kwargs)
+
+
+def tombstone(queryset: models.QuerySet[Any]) -> int:
+    """Make tombstones of the live rows of ``queryset`` in one UPDATE; returns the count."""
+    model = queryset.model
+    values: _UpdateValues = [
+        (_field(model, "deleted_at"), None, Now()),
+        (_field(model, "version"), None, F("version") + 1),
+        *_erasures(model),
+    ]
+    return _raw_update(queryset.filter(deleted_at__isnull=True), values)
+
+
+def tombstone_instance(instance: TombstoneModel, *, using: str | None = None) -> int:
+    """Tombstone one record, fenced on its generation: a stale instance can't delete a newer one."""
+    model = type(instance)
+    if instance.pk is None:
+        raise ValueError(f"{model._meta.object_name} object can't be deleted: its pk is None.")
+    db = _write_db(model, using, instance)
+    qs = _plain(model, db).filter(pk=instance.pk, generation=instance.generation)
+    count = tombstone(qs)
+    if count:
+        fresh = qs.values_list("version", "deleted_at").get()
+        instance.version, instance.deleted_at = fresh
+        for field, _, value in _erasures(model):
+            setattr(instance, field.attname, value)
+    return count
+
+
+def recreate(model: type[TombstoneModel], fields: dict[str, Any], *, using: str | None) -> Any:
+    """Revive the tombstone holding the business key as generation + 1, version 1.
+
+    Creates generation 1 when no row holds the key; raises AlreadyLive when a live one does.
+    """
+    key = get_options(model).business_key
+    if key is None:
+        raise TypeError(f"{model._meta.label} declares no TombstoneMeta.business_key.")
+    if key not in fields:
+        raise TypeError(f"recreate() needs the business key {key!r} of {model._meta.label}.")
+    if PROTECTED_FIELDS & set(fields):
+        raise ProtectedField(model=model._meta.label)
+    db = _write_db(model, using)
+    with transaction.atomic(using=db):
+        row = (
+            _plain(model, db)
+            .select_for_update()
+            .filter(**{key: fields[key]})
+            .values_list("pk", "generation", "version", "deleted_at")
+            .first()
+        )
+        fresh = model(**fields)
+        if row is None:
+            try:
+                with transaction.atomic(using=db):
+                    insert(fresh, using=db)
+            except IntegrityError:
+                # A concurrent recreate() inserted the key first: it won.
+                raise AlreadyLive(model=model._meta.label) from None
+            return fresh
+        pk, generation, version, deleted_at = row
+        if deleted_at is None:
+            raise AlreadyLive(
+                model=model._meta.label, pk=pk, found_generation=generation, found_version=version
+            )
+        fresh.pk = pk
+        values: _UpdateValues = [
+            (f, None, f.pre_save(fresh, True))
+            for f in model._meta.concrete_fields
+            if not f.primary_key and f.name not in PROTECTED_FIELDS
+        ]
+        values += [
+            (_field(model, "generation"), None, generation + 1),
+            (_field(model, "version"), None, 1),
+            (_field(model, "deleted_at"), None, None),
+        ]
+        dead = _plain(model, db).filter(pk=pk, generation=generation, deleted_at__isnull=False)
+        revived = _raw_update(dead, values)
+        if revived != 1:
+            raise AlreadyLive(model=model._meta.label, pk=pk, found_generation=generation)
+    fresh.generation, fresh.version, fresh.deleted_at = generation + 1, 1, None
+    fresh._state.adding = False
+    fresh._state.db = db
+    return fresh
+
+
+def purge(queryset: models.QuerySet[Any]) -> int:
+    """Hard-delete tombstones (never live rows). Retention is the caller's (the command's) job."""
+    dead = models.QuerySet.filter(queryset, deleted_at__isnull=False)
+    deleted, _ = models.QuerySet.delete(dead)
+    return deleted
+
+
+# --- job writes -----------------------------------------------------------------------------
+
+
+def live_at(model: type[models.Model], pk: Any, generation: int, version: int) -> Q:
+    """The fence: the row is pk, at this generation and version, and live."""
+    return Q(pk=pk, generation=generation, version=version, deleted_at__isnull=True)
+
+
+def update_record(
+    model: type[models.Model],
+    pk: Any,
+    generation: int,
+    version: int,
+    fields: dict[str, Any],
+    *,
+    using: str | None = None,
+) -> int:
+    """``filter(pk, generation, version, live).update(..., version + 1)``: 1 or 0 rows."""
+    if PROTECTED_FIELDS & set(fields):
+        raise ProtectedField(model=model._meta.label, pk=pk)
+    qs = _plain(model, _write_db(model, using)).filter(live_at(model, pk, generation, version))
+    return qs.update(version=F("version") + 1, **fields)
+
+
+def write_related(
+    queryset: models.QuerySet[Any],
+    model: type[models.Model],
+    pk: Any,
+    generation: int,
+    version: int,
+    fields: dict[str, Any],
+) -> int:
+    """UPDATE rows of another table only while the source record is live at (generation, version).
+
+    The Exists() is part of the same statement, so a deletion committed before the write makes it
+    match 0 rows. A target that is itself a tombstoned model gets version + 1; its dead rows stay.
+    """
+    source = _plain(model, queryset.db).filter(live_at(model, pk, generation, version))
+    guarded = models.QuerySet.filter(queryset, Exists(source))
+    target = queryset.model
+    extra: dict[str, Any] = {}
+    if {f.name for f in target._meta.concrete_fields} >= PROTECTED_FIELDS:
+        if PROTECTED_FIELDS & set(fields):
+            raise ProtectedField(model=target._meta.label)
+        guarded = guarded.filter(deleted_at__isnull=True)
+        extra["version"] = F("version") + 1
+    return models.QuerySet.update(guarded, **fields, **extra)

@@ -1,0 +1,264 @@
+"""Every statement on the job table: claim, lease, outcome; each fenced by the claim token.
+
+Outcome lines go to the ``tombstones`` logger after commit, one per outcome, with ids, reason
+codes and versions in ``extra`` and never a record's field values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models.functions import Now
+
+from .conf import tombstone_settings
+from .models import Job, JobEvent
+from .signals import job_escalated, job_finished
+
+logger = logging.getLogger("tombstones")
+
+Status = Job.Status
+Reason = Job.Reason
+Event = JobEvent.Event
+
+# Log level and wording per outcome: a rejection never reads like a success.
+_LEVELS: dict[str, int] = {
+    Status.SUCCEEDED: logging.INFO,
+    Status.REJECTED: logging.WARNING,
+    Status.RETRY_WAIT: logging.WARNING,
+    Status.PAUSED: logging.WARNING,
+    Status.UNCERTAIN: logging.WARNING,
+    Status.EXPIRED: logging.WARNING,
+    Status.ESCALATED: logging.ERROR,
+    Status.FAILED: logging.ERROR,
+    Status.CANCELLED: logging.INFO,
+    Status.QUEUED: logging.INFO,
+}
+
+_EVENT_FOR_STATUS: dict[str, str] = {
+    Status.SUCCEEDED: Event.SUCCEEDED,
+    Status.REJECTED: Event.REJECTED,
+    Status.RETRY_WAIT: Event.RETRY,
+    Status.PAUSED: Event.PAUSED,
+    Status.UNCERTAIN: Event.UNCERTAIN,
+    Status.ESCALATED: Event.ESCALATED,
+    Status.EXPIRED: Event.EXPIRED,
+    Status.FAILED: Event.FAILED,
+    Status.CANCELLED: Event.CANCELLED,
+    Status.QUEUED: Event.REQUEUED,
+}
+
+
+def worker_id() -> str:
+    """host:pid of this process (read each time: workers are forked)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class LeaseLost(Exception):
+    """The job's lease was taken over: this worker must write nothing more for it."""
+
+
+@dataclass
+class Claim:
+    job: Job
+    token: str
+    worker: str
+
+
+def lease_until() -> Any:
+    return Now() + Value(tombstone_settings.LEASE)
+
+
+def _head_blocked() -> Exists:
+    earlier = Job.objects.filter(
+        lane=OuterRef("lane"), id__lt=OuterRef("id"), status__in=Job.UNFINISHED
+    )
+    return Exists(earlier)
+
+
+def claimable(using: str | None = None) -> Any:
+    """Jobs a worker may take now: claimable, due, young enough, and the head of their lane."""
+    return (
+        Job.objects.using(using)
+        .filter(status__in=Job.CLAIMABLE, run_after__lte=Now())
+        .filter(created_at__gte=Now() - Value(tombstone_settings.JOB_MAX_AGE))
+        .filter(~_head_blocked())
+    )
+
+
+def claim(job_id: int, *, using: str | None = None) -> Claim | None:
+    """Take the lease on one job with a conditional UPDATE; None when it is not claimable."""
+    token = uuid.uuid4().hex
+    wid = worker_id()
+    try:
+        with transaction.atomic(using=using):
+            matched = (
+                claimable(using)
+                .filter(pk=job_id)
+                .update(
+                    status=Status.RUNNING,
+                    reason=Reason.NONE,
+                    owner=wid,
+                    claim_token=token,
+                    attempts=F("attempts") + 1,
+                    started_at=Now(),
+                    lease_expires_at=lease_until(),
+                    sending_at=None,
+                )
+            )
+    except IntegrityError:
+        # The unique running-lane index refused a second running job in this lane.
+        return None
+    if not matched:
+        return None
+    job = Job.objects.using(using).select_related("content_type").get(pk=job_id)
+    add_event(job, Event.CLAIMED, worker=wid)
+    return Claim(job=job, token=token, worker=wid)
+
+
+def extend_lease(claim: Claim) -> bool:
+    """Push the lease forward (database clock); False if it was taken over."""
+    return bool(_mine(claim).update(lease_expires_at=lease_until()))
+
+
+def _mine(claim: Claim) -> Any:
+    return Job.objects.using(claim.job._state.db).filter(
+        pk=claim.job.pk, status=Status.RUNNING, claim_token=claim.token
+    )
+
+
+def mark_sending(claim: Claim, source_live: Q | Exists) -> bool:
+    """Commit 'sending' for an external call, only while the source record is still live."""
+    return bool(_mine(claim).filter(source_live).update(sending_at=Now()))
+
+
+def mark_sent(claim: Claim) -> bool:
+    return bool(_mine(claim).update(sent_at=Now()))
+
+
+def finish(
+    claim: Claim,
+    status: str,
+    reason: str = Reason.NONE,
+    *,
+    found: tuple[int | None, int | None] = (None, None),
+    run_after: Any = None,
+    error_class: str = "",
+) -> None:
+    """Record the outcome of a claimed job; raises LeaseLost when the claim is no longer ours.
+
+    Call it inside the transaction that made the handler's writes: both commit or neither.
+    """
+    job = claim.job
+    fields: dict[str, Any] = {
+        "status": status,
+        "reason": reason,
+        "rereads": job.rereads,
+        "found_generation": found[0],
+        "found_version": found[1],
+        "lease_expires_at": None,
+        "error_class": error_class[:200],
+    }
+    if status in Job.TERMINAL:
+        fields["finished_at"] = Now()
+    if run_after is not None:
+        fields["run_after"] = run_after
+    if status != Status.RUNNING:
+        fields["claim_token"] = ""
+    with transaction.atomic(using=job._state.db):
+        if not _mine(claim).update(**fields):
+            raise LeaseLost(job.pk)
+        job.status, job.reason = status, reason
+        add_event(job, _EVENT_FOR_STATUS[status], reason, found=found, worker=claim.worker)
+        announce(job, status, reason, found)
+
+
+def transition(
+    job: Job,
+    status: str,
+    reason: str,
+    *,
+    from_status: tuple[str, ...],
+    event: str | None = None,
+    extra_filter: Q | None = None,
+    **fields: Any,
+) -> bool:
+    """A conditional status change made outside a claim (sweep, admin): True if it applied."""
+    qs = Job.objects.using(job._state.db).filter(pk=job.pk, status__in=from_status)
+    if extra_filter is not None:
+        qs = qs.filter(extra_filter)
+    if status in Job.TERMINAL:
+        fields.setdefault("finished_at", Now())
+    with transaction.atomic(using=job._state.db):
+        if not qs.update(status=status, reason=reason, **fields):
+            return False
+        job.status, job.reason = status, reason
+        add_event(job, event or _EVENT_FOR_STATUS[status], reason, worker=worker_id())
+        announce(job, status, reason, (None, None))
+    return True
+
+
+def add_event(
+    job: Job,
+    event: str,
+    reason: str = Reason.NONE,
+    *,
+    found: tuple[int | None, int | None] = (None, None),
+    worker: str = "",
+) -> None:
+    JobEvent.objects.using(job._state.db).create(
+        job_id=job.pk,
+        content_type_id=job.content_type_id,
+        object_id=job.object_id,
+        event=event,
+        reason=reason,
+        expected_generation=job.generation,
+        expected_version=job.version,
+        found_generation=found[0],
+        found_version=found[1],
+        worker=worker,
+    )
+
+
+def record_ref(content_type_id: int, object_id: str) -> str:
+    """``app_label.model:pk`` from the (cached) content type: ids only."""
+    from django.contrib.contenttypes.models import ContentType
+
+    ct = ContentType.objects.get_for_id(content_type_id)
+    return f"{ct.app_label}.{ct.model}:{object_id}"
+
+
+def announce(job: Job, status: str, reason: str, found: tuple[int | None, int | None]) -> None:
+    """Log the outcome (after commit) and send the signals."""
+    extra = {
+        "job_id": job.pk,
+        "handler": job.handler,
+        "record": record_ref(job.content_type_id, job.object_id),
+        "status": status,
+        "reason": reason,
+        "expected_generation": job.generation,
+        "expected_version": job.version,
+        "found_generation": found[0],
+        "found_version": found[1],
+    }
+    level = _LEVELS.get(status, logging.INFO)
+    message = (
+        "job %(job_id)s %(status)s reason=%(reason)s handler=%(handler)s record=%(record)s "
+        "expected=g%(expected_generation)s/v%(expected_version)s "
+        "found=g%(found_generation)s/v%(found_version)s"
+    )
+
+    def emit() -> None:
+        logger.log(level, message, extra, extra={"tombstones": extra})
+        if status in Job.TERMINAL:
+            job_finished.send(sender=Job, job=job, status=status, reason=reason)
+        if status == Status.ESCALATED:
+            job_escalated.send(sender=Job, job=job, reason=reason)
+
+    transaction.on_commit(emit, using=job._state.db)

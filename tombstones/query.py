@@ -1,0 +1,66 @@
+"""Querysets and managers of tombstoned records: live (default), all, tombstones only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import models
+
+from . import fencing
+
+if TYPE_CHECKING:
+    from .records import TombstoneModel
+
+_M = TypeVar("_M", bound="TombstoneModel")
+
+
+class TombstoneQuerySet(models.QuerySet[_M]):
+    """A queryset whose writes go through the fencing module."""
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        """Make tombstones of the matched live rows in one UPDATE; Django's return shape."""
+        if self.query.is_sliced:
+            raise TypeError("Cannot use 'limit' or 'offset' with delete().")
+        count = fencing.tombstone(self)
+        return count, {self.model._meta.label: count}
+
+    delete.alters_data = True  # type: ignore[attr-defined]
+    delete.queryset_only = True  # type: ignore[attr-defined]
+
+    def update(self, **kwargs: Any) -> int:
+        """Update live rows only, bumping ``version``; tombstones are never touched."""
+        return fencing.update_live(self, kwargs)
+
+    update.alters_data = True  # type: ignore[attr-defined]
+
+    def live(self) -> TombstoneQuerySet[_M]:
+        return self.filter(deleted_at__isnull=True)
+
+    def dead(self) -> TombstoneQuerySet[_M]:
+        return self.filter(deleted_at__isnull=False)
+
+    def recreate(self, **fields: Any) -> _M:
+        """Revive the tombstone holding the business key as generation + 1, or create it."""
+        return fencing.recreate(self.model, fields, using=self.db)
+
+    def purge(self) -> int:
+        """Hard-delete the matched tombstones (live rows are never purged). Use purge_tombstones."""
+        return fencing.purge(self)
+
+
+class AllObjectsManager(models.Manager.from_queryset(TombstoneQuerySet)):  # type: ignore[misc]
+    """Live records and tombstones."""
+
+
+class LiveManager(AllObjectsManager):
+    """Live records only (the default manager)."""
+
+    def get_queryset(self) -> TombstoneQuerySet[Any]:
+        return super().get_queryset().filter(deleted_at__isnull=True)
+
+
+class TombstonesManager(AllObjectsManager):
+    """Tombstones only."""
+
+    def get_queryset(self) -> TombstoneQuerySet[Any]:
+        return super().get_queryset().filter(deleted_at__isnull=False)

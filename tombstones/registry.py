@@ -1,0 +1,88 @@
+"""Job handlers, registered by name with ``@tombstones.handler("app.name")``.
+
+Handlers live in any module; modules named ``handlers`` in installed apps are imported the first
+time a handler is looked up, so workers find them without extra configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .exceptions import UnknownHandler
+
+if TYPE_CHECKING:
+    from .context import HandlerContext
+
+HandlerFunc = Callable[["HandlerContext"], Any]
+
+
+@dataclass(frozen=True)
+class Handler:
+    name: str
+    func: HandlerFunc
+    external: bool = False
+
+
+_registry: dict[str, Handler] = {}
+_discovered = False
+
+
+def handler(name: str, *, external: bool = False) -> Callable[[HandlerFunc], HandlerFunc]:
+    """Register ``func`` as the job handler called ``name``.
+
+    ``external=True`` marks a handler that calls another system: its call is bracketed as
+    sending/sent and an uncertain outcome is never repeated automatically.
+    """
+    if not isinstance(name, str) or not name:
+        raise ImproperlyConfigured("A job handler needs a non-empty string name.")
+
+    def register(func: HandlerFunc) -> HandlerFunc:
+        existing = _registry.get(name)
+        ident = (getattr(func, "__module__", None), getattr(func, "__qualname__", None))
+        if (
+            existing is not None
+            and (
+                getattr(existing.func, "__module__", None),
+                getattr(existing.func, "__qualname__", None),
+            )
+            != ident
+        ):
+            raise ImproperlyConfigured(f"Two job handlers are registered as {name!r}.")
+        _registry[name] = Handler(name=name, func=func, external=external)
+        return func
+
+    return register
+
+
+def _discover() -> None:
+    global _discovered
+    if not _discovered:
+        from django.utils.module_loading import autodiscover_modules
+
+        _discovered = True
+        autodiscover_modules("handlers")
+
+
+def get_handler(name: str) -> Handler:
+    """The handler registered as ``name``; raises UnknownHandler."""
+    found = _registry.get(name)
+    if found is None:
+        _discover()
+        found = _registry.get(name)
+    if found is None:
+        raise UnknownHandler(name)
+    return found
+
+
+def registered() -> dict[str, Handler]:
+    _discover()
+    return dict(_registry)
+
+
+def unregister(name: str) -> None:
+    """Remove a handler (for tests that register throwaway handlers)."""
+    _registry.pop(name, None)
