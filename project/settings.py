@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "django_q",
     "tombstones",
     "project.customers",
+    "project.stress",
 ]
 
 MIDDLEWARE = [

@@ -64,11 +64,15 @@ class HandlerContext:
         if self.fence_lost is not None:
             return 0
         model, pk, generation, version = self._fence
-        matched = fencing.write_related(queryset, model, pk, generation, version, fields)
+        dead = self.record.deleted_at is not None
+        matched = fencing.write_related(
+            queryset, model, pk, generation, version, fields, live=not dead
+        )
         if matched == 0:
             # 0 rows is either an empty target or a lost fence: one read tells them apart.
             seen = fencing.observe(model, pk, generation, version, using=queryset.db)
-            if seen.state != fencing.State.LIVE:
+            expected = fencing.State.TOMBSTONE if dead else fencing.State.LIVE
+            if seen.state != expected or (dead and seen.version != version):
                 self.fence_lost = seen
         self.writes += matched
         return matched

@@ -58,7 +58,7 @@ def enqueue(
     pk = getattr(record, "pk", None)
     if pk is None or not isinstance(generation, int) or not isinstance(version, int):
         raise MissingFence(model=label, pk=pk)
-    if getattr(record, "deleted_at", None) is not None:
+    if getattr(record, "deleted_at", None) is not None and not found.accepts_tombstones:
         raise RecordDeleted(model=label, pk=pk, expected_generation=generation)
     clean = _check_params(params)
     if ordering_key is not None and (not isinstance(ordering_key, str) or not ordering_key):

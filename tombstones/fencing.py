@@ -307,9 +307,15 @@ def purge(queryset: models.QuerySet[Any]) -> int:
 # --- job writes -----------------------------------------------------------------------------
 
 
-def live_at(model: type[models.Model], pk: Any, generation: int, version: int) -> Q:
-    """The fence: the row is pk, at this generation and version, and live."""
-    return Q(pk=pk, generation=generation, version=version, deleted_at__isnull=True)
+def live_at(
+    model: type[models.Model], pk: Any, generation: int, version: int, *, live: bool = True
+) -> Q:
+    """The fence: the row is pk, at this generation and version, and live.
+
+    ``live=False`` (handlers that propagate deletions) drops the last condition only.
+    """
+    fence = Q(pk=pk, generation=generation, version=version)
+    return fence & Q(deleted_at__isnull=True) if live else fence
 
 
 def update_record(
@@ -335,13 +341,15 @@ def write_related(
     generation: int,
     version: int,
     fields: dict[str, Any],
+    *,
+    live: bool = True,
 ) -> int:
     """UPDATE rows of another table only while the source record is live at (generation, version).
 
     The Exists() is part of the same statement, so a deletion committed before the write makes it
     match 0 rows. A target that is itself a tombstoned model gets version + 1; its dead rows stay.
     """
-    source = _plain(model, queryset.db).filter(live_at(model, pk, generation, version))
+    source = _plain(model, queryset.db).filter(live_at(model, pk, generation, version, live=live))
     guarded = models.QuerySet.filter(queryset, Exists(source))
     target = queryset.model
     extra: dict[str, Any] = {}

@@ -129,7 +129,7 @@ def check(attempt: Attempt) -> Outcome | None:
     seen = fencing.Observation(State.LIVE, record.generation, record.version)
     if record.generation != job.generation:
         return _reject_for(attempt, fencing.Observation(State.GENERATION_CHANGED, *_gv(record)))
-    if record.deleted_at is not None:
+    if record.deleted_at is not None and not attempt.handler.accepts_tombstones:
         return _reject_for(attempt, fencing.Observation(State.TOMBSTONE, *_gv(record)))
     attempt.record = record
     ledger.add_event(
@@ -216,7 +216,7 @@ def _reread(attempt: Attempt) -> fencing.Observation:
         return fencing.Observation(State.MISSING)
     if record.generation != job.generation:
         return fencing.Observation(State.GENERATION_CHANGED, *_gv(record))
-    if record.deleted_at is not None:
+    if record.deleted_at is not None and not attempt.handler.accepts_tombstones:  # type: ignore[union-attr]
         return fencing.Observation(State.TOMBSTONE, *_gv(record))
     attempt.record = record
     return fencing.Observation(State.STALE, *_gv(record))
@@ -226,11 +226,10 @@ def _act_external(attempt: Attempt) -> Outcome:
     """sending (committed) → call → sent → check again. Uncertain is never repeated by itself."""
     job, record = attempt.job, attempt.record
     model = type(record)
-    live = Exists(
-        model.all_objects.using(job._state.db).filter(
-            pk=record.pk, generation=job.generation, deleted_at__isnull=True
-        )
-    )
+    same = model.all_objects.using(job._state.db).filter(pk=record.pk, generation=job.generation)
+    if not attempt.handler.accepts_tombstones:  # type: ignore[union-attr]
+        same = same.filter(deleted_at__isnull=True)
+    live = Exists(same)
     if not ledger.mark_sending(attempt.claim, live):
         seen = _reread(attempt)
         if seen.state in (State.STALE, State.LIVE):
@@ -249,7 +248,8 @@ def _act_external(attempt: Attempt) -> Outcome:
     ledger.mark_sent(attempt.claim)
     ledger.add_event(job, "sent", worker=attempt.claim.worker)
     seen = fencing.observe(model, record.pk, job.generation, None, using=job._state.db)
-    if seen.state != State.LIVE:
+    fine = (State.LIVE, State.TOMBSTONE) if attempt.handler.accepts_tombstones else (State.LIVE,)  # type: ignore[union-attr]
+    if seen.state not in fine:
         return _end(attempt, Status.UNCERTAIN, Reason.DELETED_DURING_SEND, seen=seen)
     return _end(attempt, Status.SUCCEEDED, seen=seen)
 

@@ -25,17 +25,24 @@ class Handler:
     name: str
     func: HandlerFunc
     external: bool = False
+    accepts_tombstones: bool = False
 
 
 _registry: dict[str, Handler] = {}
 _discovered = False
 
 
-def handler(name: str, *, external: bool = False) -> Callable[[HandlerFunc], HandlerFunc]:
+def handler(
+    name: str, *, external: bool = False, accepts_tombstones: bool = False
+) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register ``func`` as the job handler called ``name``.
 
     ``external=True`` marks a handler that calls another system: its call is bracketed as
     sending/sent and an uncertain outcome is never repeated automatically.
+
+    ``accepts_tombstones=True`` marks a handler that propagates deletions: it also runs when the
+    record is a tombstone *of the job's generation* (``ctx.record.is_tombstone``), and may be
+    enqueued for a tombstone. A re-created record (another generation) still rejects it.
     """
     if not isinstance(name, str) or not name:
         raise ImproperlyConfigured("A job handler needs a non-empty string name.")
@@ -52,7 +59,9 @@ def handler(name: str, *, external: bool = False) -> Callable[[HandlerFunc], Han
             != ident
         ):
             raise ImproperlyConfigured(f"Two job handlers are registered as {name!r}.")
-        _registry[name] = Handler(name=name, func=func, external=external)
+        _registry[name] = Handler(
+            name=name, func=func, external=external, accepts_tombstones=accepts_tombstones
+        )
         return func
 
     return register
