@@ -133,3 +133,4 @@ LOGGING = {
         "django-q": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },
 }
+TOMBSTONES_RACE_FIXTURE = {"model": "customers.Customer", "handler": "customers.update_sheet_row"}

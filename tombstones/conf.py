@@ -19,7 +19,12 @@ def _as_timedelta(name: str, value: Any) -> timedelta:
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        result = timedelta(seconds=value)
+        try:
+            result = timedelta(seconds=value)
+        except (ValueError, OverflowError):  # NaN, infinity, beyond timedelta.max
+            raise ImproperlyConfigured(
+                f"TOMBSTONES_{name} must be a finite number of seconds."
+            ) from None
     else:
         raise ImproperlyConfigured(
             f"TOMBSTONES_{name} must be a datetime.timedelta or a number of seconds, "
@@ -75,6 +80,8 @@ _SETTINGS: dict[str, _Setting] = {
     "LANE_DRAIN": _Setting(50, "int", 1),
     # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
     "Q_OPTIONS": _Setting({}, "dict"),
+    # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
+    "RACE_FIXTURE": _Setting({}, "dict"),
 }
 
 
@@ -131,6 +138,10 @@ class TombstoneSettings:
     @property
     def Q_OPTIONS(self) -> dict[str, Any]:
         return dict(self._get("Q_OPTIONS"))
+
+    @property
+    def RACE_FIXTURE(self) -> dict[str, Any]:
+        return dict(self._get("RACE_FIXTURE"))
 
     def validate(self) -> list[str]:
         """Return one message per malformed setting (used by the system checks)."""

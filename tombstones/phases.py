@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Exists
 from django.db.models.functions import Now
 
@@ -34,6 +34,7 @@ class Outcome:
     status: str
     reason: str = ""
     rereads: int = 0
+    writes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         # Plain strings: this is what django-q2 stores in its task table.
@@ -156,22 +157,27 @@ def act(attempt: Attempt) -> Outcome:
             with transaction.atomic(using=db):
                 attempt.handler.func(ctx)
                 if ctx.fence_lost is None:
-                    _end(attempt, Status.SUCCEEDED, seen=_observed(attempt.record))
-                    return attempt.outcome  # type: ignore[return-value]
+                    outcome = _end(attempt, Status.SUCCEEDED, seen=_observed(attempt.record))
+                    outcome.writes = ctx.writes
+                    return outcome
                 raise _FenceLost(ctx.fence_lost)
         except _FenceLost:
             pass  # rolled back: classify on a fresh read below
         except ledger.LeaseLost:
             return Outcome(job.pk, Status.RUNNING, Reason.LEASE_EXPIRED)
         except TRANSIENT as exc:
-            return _retry(attempt, Reason.TRANSIENT, type(exc).__name__)
+            return _retry(attempt, Reason.TRANSIENT, _cls(exc))
+        except IntegrityError as exc:
+            # A constraint the handler broke will break again: not temporary.
+            return _end(attempt, Status.FAILED, Reason.HANDLER_ERROR, error_class=_cls(exc))
         except DatabaseError as exc:
-            return _retry(attempt, Reason.TRANSIENT, type(exc).__name__)
+            # Connection lost, lock timeout, serialization failure: rolled back, retried.
+            return _retry(attempt, Reason.TRANSIENT, _cls(exc))
         except Exception as exc:  # noqa: BLE001 - any handler error fails the job, by class name
             return _end(attempt, Status.FAILED, Reason.HANDLER_ERROR, error_class=_cls(exc))
-        outcome = _after_conflict(attempt)
-        if outcome is not None:
-            return outcome
+        decided = _after_conflict(attempt)
+        if decided is not None:
+            return decided
 
 
 class _FenceLost(Exception):

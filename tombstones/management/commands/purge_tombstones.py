@@ -1,0 +1,115 @@
+"""``manage.py purge_tombstones``: hard-delete tombstones past retention that no job still needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.contrib.contenttypes.models import ContentType
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, models, transaction
+from django.db.models import Exists, OuterRef, Value
+from django.db.models.functions import Cast, Now
+
+from tombstones import fencing
+from tombstones.conf import tombstone_settings
+from tombstones.models import Job
+from tombstones.records import TombstoneModel
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove tombstones older than TOMBSTONES_RETENTION that no unfinished job references. "
+        "Says what it kept and why."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--model", action="append", help="Only this app_label.Model.")
+        parser.add_argument("--dry-run", action="store_true", help="Report, remove nothing.")
+        parser.add_argument("--noinput", "--no-input", action="store_false", dest="interactive")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        db = options["database"]
+        targets = self._models(options["model"])
+        plans = [self._plan(model, db) for model in targets]
+        total = sum(len(p["purgeable"]) for p in plans)
+        for plan in plans:
+            self.stdout.write(
+                f"{plan['label']}: {len(plan['purgeable'])} past retention and unreferenced; "
+                f"kept {plan['young']} younger than retention, "
+                f"{plan['referenced']} referenced by unfinished jobs"
+            )
+        if not total:
+            self.stdout.write("Nothing to remove.")
+            return
+        if options["dry_run"]:
+            self.stdout.write(f"Would remove {total} tombstone(s) (dry run).")
+            return
+        if options["interactive"]:
+            answer = input(f"Remove {total} tombstone(s) permanently? Type 'yes' to continue: ")
+            if answer != "yes":
+                raise CommandError("Purge cancelled.")
+        removed = 0
+        for plan in plans:
+            removed_here, protected = self._purge(plan, db)
+            removed += removed_here
+            if protected:
+                self.stdout.write(
+                    f"{plan['label']}: kept {protected} protected by related rows (on_delete)"
+                )
+        self.stdout.write(self.style.SUCCESS(f"Removed {removed} tombstone(s)."))
+
+    def _models(self, labels: list[str] | None) -> list[type[TombstoneModel]]:
+        if not labels:
+            return [m for m in apps.get_models() if issubclass(m, TombstoneModel)]
+        found = []
+        for label in labels:
+            try:
+                model = apps.get_model(label)
+            except (LookupError, ValueError):
+                raise CommandError(f"Unknown model {label!r}.") from None
+            if not issubclass(model, TombstoneModel):
+                raise CommandError(f"{label} is not a TombstoneModel.")
+            found.append(model)
+        return found
+
+    def _plan(self, model: type[TombstoneModel], db: str) -> dict[str, Any]:
+        content_type = ContentType.objects.db_manager(db).get_for_model(model)
+        referenced = Exists(
+            Job.objects.using(db).filter(
+                content_type=content_type,
+                object_id=Cast(OuterRef("pk"), models.CharField()),
+                status__in=Job.UNFINISHED,
+            )
+        )
+        cutoff = Now() - Value(tombstone_settings.RETENTION)
+        dead = model.tombstones.using(db)
+        old = dead.filter(deleted_at__lt=cutoff)
+        return {
+            "label": model._meta.label,
+            "model": model,
+            "referenced_q": referenced,
+            "cutoff": cutoff,
+            "purgeable": list(old.filter(~referenced).values_list("pk", flat=True)),
+            "young": dead.filter(deleted_at__gte=cutoff).count(),
+            "referenced": old.filter(referenced).count(),
+        }
+
+    def _purge(self, plan: dict[str, Any], db: str) -> tuple[int, int]:
+        model = plan["model"]
+        removed = protected = 0
+        for pk in plan["purgeable"]:
+            # One by one: a row protected by a foreign key must not block the others, and the
+            # retention and job conditions are re-checked in the deleting statement's transaction.
+            try:
+                with transaction.atomic(using=db):
+                    still = (
+                        model.tombstones.using(db)
+                        .filter(pk=pk, deleted_at__lt=plan["cutoff"])
+                        .filter(~plan["referenced_q"])
+                    )
+                    removed += 1 if fencing.purge(still) else 0
+            except (models.ProtectedError, models.RestrictedError):
+                protected += 1
+        return removed, protected

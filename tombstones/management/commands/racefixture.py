@@ -1,0 +1,58 @@
+"""``manage.py racefixture``: run the seed's race cases against the real database and worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from tombstones.conf import tombstone_settings
+from tombstones.exceptions import UnknownHandler
+from tombstones.registry import get_handler
+from tombstones.testing import SEED_CASES, WORKED_EXAMPLE, FixtureError, RaceFixture, load_cases
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the race fixture (the seed's four cases and its worked example) through the "
+        "production worker phases, in transactions that are rolled back. Exits non-zero on any "
+        "mismatch."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        defaults = tombstone_settings.RACE_FIXTURE
+        parser.add_argument(
+            "--model", default=defaults.get("model"), help="app_label.Model on the mixin."
+        )
+        parser.add_argument(
+            "--handler", default=defaults.get("handler"), help="Registered handler name."
+        )
+        parser.add_argument("--cases", help="A JSON file of extra cases.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not options["model"] or not options["handler"]:
+            raise CommandError("Give --model app_label.Model and --handler name.")
+        try:
+            model = apps.get_model(options["model"])
+        except (LookupError, ValueError):
+            raise CommandError(f"Unknown model {options['model']!r}.") from None
+        try:
+            get_handler(options["handler"])
+        except UnknownHandler as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            extra = load_cases(options["cases"]) if options["cases"] else []
+            fixture = RaceFixture(model, options["handler"], using=options["database"])
+        except FixtureError as exc:
+            raise CommandError(str(exc)) from None
+        seed = fixture.run(SEED_CASES)
+        others = fixture.run([WORKED_EXAMPLE, *extra])
+        self.stdout.write(seed.table())
+        self.stdout.write("")
+        self.stdout.write(others.table())
+        if not (seed.ok and others.ok):
+            raise CommandError("The race fixture found a mismatch (see the table above).")
+        self.stdout.write(self.style.SUCCESS(seed.summary()))

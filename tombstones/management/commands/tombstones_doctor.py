@@ -1,0 +1,93 @@
+"""``manage.py tombstones_doctor``: check the ledger's invariants; non-zero exit on failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from tombstones.conf import tombstone_settings
+from tombstones.models import Job
+from tombstones.worker import Q_SUCCESS
+
+TASK_FUNC = "tombstones.worker.run"
+
+
+class Command(BaseCommand):
+    help = (
+        "Check the invariants: no unfenced unfinished jobs, retention longer than the maximum "
+        "queue age, no rejected/failed job recorded as a django-q2 success, no running job with "
+        "an expired lease."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        db = options["database"]
+        problems: list[str] = []
+        checks = [
+            ("unfenced jobs", self._unfenced(db)),
+            ("retention", self._retention()),
+            ("django-q2 successes", self._q_successes(db)),
+            ("expired leases", self._expired_leases(db)),
+        ]
+        for name, found in checks:
+            if found:
+                problems.extend(found)
+                self.stdout.write(self.style.ERROR(f"FAIL {name}"))
+                for line in found:
+                    self.stdout.write(f"  - {line}")
+            else:
+                self.stdout.write(self.style.SUCCESS(f"ok   {name}"))
+        if problems:
+            raise CommandError(f"{len(problems)} problem(s) found.")
+
+    def _unfenced(self, db: str) -> list[str]:
+        jobs = Job.objects.using(db).filter(
+            Q(generation__isnull=True) | Q(version__isnull=True), status__in=Job.UNFINISHED
+        )
+        return [
+            f"job {pk} has no generation/version (status {s})"
+            for pk, s in jobs.values_list("pk", "status")[:100]
+        ]
+
+    def _retention(self) -> list[str]:
+        retention, max_age = tombstone_settings.RETENTION, tombstone_settings.JOB_MAX_AGE
+        if retention <= max_age:
+            return [
+                f"TOMBSTONES_RETENTION ({retention}) is not longer than "
+                f"TOMBSTONES_JOB_MAX_AGE ({max_age})"
+            ]
+        return []
+
+    def _q_successes(self, db: str) -> list[str]:
+        from django_q.models import Task
+
+        found: list[str] = []
+        statuses = dict(Job.objects.using(db).values_list("pk", "status").iterator())
+        for args, result in (
+            Task.objects.using(db)
+            .filter(func=TASK_FUNC, success=True)
+            .values_list("args", "result")
+        ):
+            job_id: Any = args[0] if args else None
+            status = result.get("status") if isinstance(result, dict) else None
+            if status not in Q_SUCCESS:
+                found.append(f"job {job_id}: django-q2 task stored as success with status {status}")
+            elif status == Job.Status.SUCCEEDED and statuses.get(job_id) != Job.Status.SUCCEEDED:
+                found.append(
+                    f"job {job_id}: django-q2 task says succeeded, the ledger says "
+                    f"{statuses.get(job_id)}"
+                )
+        return found
+
+    def _expired_leases(self, db: str) -> list[str]:
+        jobs = Job.objects.using(db).filter(status=Job.Status.RUNNING, lease_expires_at__lt=Now())
+        return [
+            f"job {pk} is running with an expired lease (owner {owner})"
+            for pk, owner in jobs.values_list("pk", "owner")[:100]
+        ]
