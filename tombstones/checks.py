@@ -15,8 +15,13 @@ from .options import get_options, is_erasable
 from .records import TombstoneModel
 
 
-def _tombstone_models() -> list[type[TombstoneModel]]:
-    return [m for m in apps.get_models() if issubclass(m, TombstoneModel)]
+def _tombstone_models(app_configs: Any = None) -> list[type[TombstoneModel]]:
+    # Like Django's own model checks: only the apps asked for (``manage.py check app_label``).
+    if app_configs is None:
+        candidates = apps.get_models()
+    else:
+        candidates = [m for config in app_configs for m in config.get_models()]
+    return [m for m in candidates if issubclass(m, TombstoneModel)]
 
 
 def _is_unique(model: type[models.Model], field: models.Field[Any, Any]) -> bool:
@@ -34,18 +39,20 @@ def _is_unique(model: type[models.Model], field: models.Field[Any, Any]) -> bool
 
 def check_tombstone_meta(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for model in _tombstone_models():
+    for model in _tombstone_models(app_configs):
         opts = get_options(model)
         label = model._meta.label
         key = opts.business_key
         if key is not None:
             try:
                 field = model._meta.get_field(key)
+                if not getattr(field, "concrete", False):  # a reverse relation, a generic FK
+                    raise FieldDoesNotExist(key)
             except FieldDoesNotExist:
                 errors.append(
                     checks.Error(
-                        f"TombstoneMeta.business_key names {key!r}, which is not a field of "
-                        f"{label}.",
+                        f"TombstoneMeta.business_key names {key!r}, which is not a concrete "
+                        f"field of {label}.",
                         obj=model,
                         id="tombstones.E001",
                     )

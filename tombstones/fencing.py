@@ -17,6 +17,7 @@ from django.db.models.functions import Now
 from .exceptions import (
     AlreadyLive,
     GenerationChanged,
+    MissingFence,
     ProtectedField,
     RecordDeleted,
     RecordMissing,
@@ -114,6 +115,13 @@ def conflict_error(
     )
 
 
+def _require_fence(instance: TombstoneModel) -> None:
+    # A deferred generation/version would be fetched fresh on first access, and a fence built
+    # from the current row always matches: refuse rather than overwrite blindly.
+    if PROTECTED_FIELDS & instance.get_deferred_fields():
+        raise MissingFence(model=type(instance)._meta.label, pk=instance.pk)
+
+
 def _erasures(model: type[models.Model]) -> _UpdateValues:
     values: _UpdateValues = []
     for name in get_options(model).personal_fields:
@@ -164,14 +172,35 @@ def save(
     falls back to INSERT.
     """
     model = type(instance)
+    _require_fence(instance)
     if instance.deleted_at is not None:
         raise RecordDeleted(
             model=model._meta.label, pk=instance.pk, expected_generation=instance.generation
         )
     db = _write_db(model, using, instance)
+    writable = {
+        name
+        for f in model._meta.concrete_fields
+        if not f.primary_key
+        for name in (f.name, f.attname)
+    }
+    deferred = instance.get_deferred_fields()
+    if update_fields is not None:
+        if not update_fields:
+            return  # Django's contract: an empty update_fields saves nothing
+        unknown = set(update_fields) - writable
+        if unknown:
+            raise ValueError(
+                "The following fields do not exist in this model, are m2m fields, primary keys, "
+                f"or are non-concrete fields: {', '.join(sorted(unknown))}"
+            )
+    elif deferred and db == instance._state.db:
+        # As Model.save does: write the loaded fields only, not one SELECT per deferred field.
+        update_fields = frozenset(writable - deferred)
+    # The mixin's fields are the fence itself (the row matches the instance's generation and
+    # version and is live), so naming them in update_fields -- update_or_create() adds
+    # deleted_at, a DateTimeField -- writes nothing: version is bumped below.
     names = None if update_fields is None else set(update_fields)
-    if names is not None and names & PROTECTED_FIELDS:
-        raise ProtectedField(model=model._meta.label, pk=instance.pk)
     fields = [
         f
         for f in model._meta.concrete_fields
@@ -230,11 +259,15 @@ def tombstone_instance(instance: TombstoneModel, *, using: str | None = None) ->
     model = type(instance)
     if instance.pk is None:
         raise ValueError(f"{model._meta.object_name} object can't be deleted: its pk is None.")
+    _require_fence(instance)
     db = _write_db(model, using, instance)
     qs = _plain(model, db).filter(pk=instance.pk, generation=instance.generation)
-    count = tombstone(qs)
+    # One transaction: the read-back must see this UPDATE's row, not a concurrent recreate().
+    with transaction.atomic(using=db):
+        count = tombstone(qs)
+        if count:
+            fresh = qs.values_list("version", "deleted_at").get()
     if count:
-        fresh = qs.values_list("version", "deleted_at").get()
         instance.version, instance.deleted_at = fresh
         for field, _, value in _erasures(model):
             setattr(instance, field.attname, value)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import models
 
 from . import fencing
+from .options import PROTECTED_FIELDS
 
 if TYPE_CHECKING:
     from .records import TombstoneModel
@@ -32,6 +33,16 @@ class TombstoneQuerySet(models.QuerySet[_M]):
         return fencing.update_live(self, kwargs)
 
     update.alters_data = True  # type: ignore[attr-defined]
+
+    # The fence fields are always loaded: deferred, they would be read fresh at save() or
+    # delete() time and a stale instance would pass its own fence.
+    def defer(self, *fields: Any) -> TombstoneQuerySet[_M]:
+        if fields == (None,):
+            return super().defer(None)
+        return super().defer(*(f for f in fields if f not in PROTECTED_FIELDS))
+
+    def only(self, *fields: Any) -> TombstoneQuerySet[_M]:
+        return super().only(*fields, *sorted(PROTECTED_FIELDS - set(fields)))
 
     def live(self) -> TombstoneQuerySet[_M]:
         return self.filter(deleted_at__isnull=True)

@@ -1,0 +1,320 @@
+"""System checks: TombstoneMeta (E001-E005), settings (E010, E011) and SQLite mode (W001)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.apps.registry import Apps
+from django.conf import settings
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models
+from django.test.utils import isolate_apps, override_settings
+
+from tombstones.checks import check_settings, check_sqlite, check_tombstone_meta
+from tombstones.conf import tombstone_settings
+from tombstones.models import TombstoneModel
+
+APP = "integration"
+
+
+@pytest.fixture
+def registry() -> Iterator[Apps]:
+    """An isolated app registry: throwaway models never reach the project's."""
+    with isolate_apps("tests.integration") as apps:
+        yield apps
+
+
+def run_meta_checks(registry: Apps) -> list[checks.CheckMessage]:
+    return check_tombstone_meta(app_configs=[registry.get_app_config(APP)])
+
+
+def ids(messages: list[checks.CheckMessage]) -> list[str]:
+    return [m.id for m in messages if m.id is not None]
+
+
+def make_model(
+    name: str,
+    fields: dict[str, Any],
+    *,
+    business_key: str | None = "code",
+    personal: tuple[str, ...] = (),
+    constraints: list[Any] | None = None,
+) -> type[TombstoneModel]:
+    meta = type("Meta", (), {"app_label": APP, "constraints": constraints or []})
+    tmeta = type("TombstoneMeta", (), {"business_key": business_key, "personal_fields": personal})
+    attrs = {"__module__": __name__, "Meta": meta, "TombstoneMeta": tmeta, **fields}
+    return type(name, (TombstoneModel,), attrs)
+
+
+def code_field() -> models.CharField[Any, Any]:
+    return models.CharField(max_length=20, unique=True)
+
+
+# --- TombstoneMeta ---------------------------------------------------------------------------
+
+
+def test_check_tombstone_meta__project_models_are_clean() -> None:
+    assert check_tombstone_meta(app_configs=None) == []
+
+
+def test_check_tombstone_meta__valid_model_is_clean(registry: Apps) -> None:
+    model = make_model(
+        "Good",
+        {
+            "code": code_field(),
+            "name": models.CharField(max_length=20),
+            "age": models.IntegerField(null=True),
+            "email": models.EmailField(unique=True, null=True),
+        },
+        personal=("name", "age", "email"),
+    )
+
+    assert run_meta_checks(registry) == []
+    assert registry.get_model(APP, "Good") is model
+
+
+def test_check_tombstone_meta__only_the_apps_asked_for(registry: Apps) -> None:
+    make_model("Broken", {"code": models.CharField(max_length=20)})
+
+    assert ids(run_meta_checks(registry)) == ["tombstones.E002"]
+    assert check_tombstone_meta(app_configs=[]) == []
+
+
+def test_check_tombstone_meta__missing_business_key_field_is_e001(registry: Apps) -> None:
+    model = make_model("NoKey", {"code": code_field()}, business_key="reference")
+
+    messages = run_meta_checks(registry)
+
+    assert ids(messages) == ["tombstones.E001"]
+    assert messages[0].obj is model
+    assert "'reference'" in messages[0].msg
+    assert isinstance(messages[0], checks.Error)
+
+
+def test_check_tombstone_meta__reverse_relation_business_key_is_e001(registry: Apps) -> None:
+    parent = make_model("Parent", {"code": code_field()}, business_key="children")
+    make_model(
+        "Child",
+        {
+            "code": code_field(),
+            "parent": models.ForeignKey(parent, on_delete=models.CASCADE, related_name="children"),
+        },
+    )
+
+    messages = run_meta_checks(registry)
+
+    assert ids(messages) == ["tombstones.E001"]
+    assert messages[0].obj is parent
+
+
+def test_check_tombstone_meta__missing_personal_field_is_e001(registry: Apps) -> None:
+    make_model("NoPersonal", {"code": code_field()}, personal=("nickname",))
+
+    messages = run_meta_checks(registry)
+
+    assert ids(messages) == ["tombstones.E001"]
+    assert "'nickname'" in messages[0].msg
+
+
+def test_check_tombstone_meta__non_unique_business_key_is_e002(registry: Apps) -> None:
+    model = make_model("Loose", {"code": models.CharField(max_length=20)})
+
+    messages = run_meta_checks(registry)
+
+    assert ids(messages) == ["tombstones.E002"]
+    assert messages[0].obj is model
+
+
+def test_check_tombstone_meta__unique_constraint_counts_as_unique(registry: Apps) -> None:
+    make_model(
+        "Constrained",
+        {"code": models.CharField(max_length=20)},
+        constraints=[models.UniqueConstraint(fields=["code"], name="constrained_code")],
+    )
+
+    assert run_meta_checks(registry) == []
+
+
+def test_check_tombstone_meta__conditional_unique_constraint_is_e002(registry: Apps) -> None:
+    # Unique among live rows only: a tombstone and a live row could share the key.
+    make_model(
+        "LiveUnique",
+        {"code": models.CharField(max_length=20)},
+        constraints=[
+            models.UniqueConstraint(
+                fields=["code"],
+                condition=models.Q(deleted_at__isnull=True),
+                name="live_unique_code",
+            )
+        ],
+    )
+
+    assert ids(run_meta_checks(registry)) == ["tombstones.E002"]
+
+
+@pytest.mark.parametrize(
+    "field_factory",
+    [
+        lambda: models.IntegerField(),
+        lambda: models.DateTimeField(),
+        lambda: models.BooleanField(default=False),
+    ],
+)
+def test_check_tombstone_meta__personal_field_not_erasable_is_e003(
+    registry: Apps, field_factory: Callable[[], models.Field[Any, Any]]
+) -> None:
+    make_model("Stuck", {"code": code_field(), "secret": field_factory()}, personal=("secret",))
+
+    messages = run_meta_checks(registry)
+
+    assert ids(messages) == ["tombstones.E003"]
+    assert "secret" in messages[0].msg
+
+
+def test_check_tombstone_meta__primary_key_personal_field_is_e003(registry: Apps) -> None:
+    make_model("PkPersonal", {"code": code_field()}, personal=("id",))
+
+    assert ids(run_meta_checks(registry)) == ["tombstones.E003"]
+
+
+def test_check_tombstone_meta__generic_foreign_key_personal_is_e003(registry: Apps) -> None:
+    make_model(
+        "Generic",
+        {
+            "code": code_field(),
+            "content_type": models.ForeignKey(ContentType, null=True, on_delete=models.CASCADE),
+            "object_id": models.PositiveIntegerField(null=True),
+            "target": GenericForeignKey("content_type", "object_id"),
+        },
+        personal=("target",),
+    )
+
+    assert ids(run_meta_checks(registry)) == ["tombstones.E003"]
+
+
+def test_check_tombstone_meta__business_key_also_personal_is_e004(registry: Apps) -> None:
+    make_model("KeyPersonal", {"code": code_field()}, personal=("code",))
+
+    assert "tombstones.E004" in ids(run_meta_checks(registry))
+
+
+def test_check_tombstone_meta__unique_non_null_personal_is_e005(registry: Apps) -> None:
+    make_model(
+        "UniquePersonal",
+        {"code": code_field(), "email": models.EmailField(unique=True)},
+        personal=("email",),
+    )
+
+    assert ids(run_meta_checks(registry)) == ["tombstones.E005"]
+
+
+def test_check_tombstone_meta__plain_models_are_ignored(registry: Apps) -> None:
+    type(
+        "Plain",
+        (models.Model,),
+        {"__module__": __name__, "Meta": type("Meta", (), {"app_label": APP})},
+    )
+
+    assert run_meta_checks(registry) == []
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+def test_check_settings__defaults_are_clean() -> None:
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("retention", "max_age"),
+    [(timedelta(days=1), timedelta(days=7)), (timedelta(days=7), timedelta(days=7))],
+)
+def test_check_settings__retention_not_longer_than_job_max_age_is_e010(
+    retention: timedelta, max_age: timedelta
+) -> None:
+    with override_settings(TOMBSTONES_RETENTION=retention, TOMBSTONES_JOB_MAX_AGE=max_age):
+        messages = check_settings()
+
+    assert ids(messages) == ["tombstones.E010"]
+    assert "TOMBSTONES_RETENTION" in messages[0].msg
+
+
+def test_check_settings__retention_longer_by_a_second_is_clean() -> None:
+    with override_settings(TOMBSTONES_RETENTION=7 * 86400 + 1, TOMBSTONES_JOB_MAX_AGE=7 * 86400):
+        assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("LEASE", "soon"), ("MAX_ATTEMPTS", 0), ("Q_OPTIONS", "sync"), ("RETENTION", -1)],
+)
+def test_check_settings__malformed_setting_is_e011_and_raises_on_use(name: str, value: Any) -> None:
+    with override_settings(**{f"TOMBSTONES_{name}": value}):
+        messages = check_settings()
+        with pytest.raises(ImproperlyConfigured, match=f"TOMBSTONES_{name}"):
+            getattr(tombstone_settings, name)
+
+    assert ids(messages) == ["tombstones.E011"]
+    assert f"TOMBSTONES_{name}" in messages[0].msg
+
+
+def test_check_settings__registered_with_django() -> None:
+    with override_settings(TOMBSTONES_RETENTION=timedelta(days=1)):
+        found = ids(checks.run_checks())
+
+    assert "tombstones.E010" in found
+
+
+# --- SQLite ----------------------------------------------------------------------------------
+
+
+def databases_with(options: dict[str, Any]) -> dict[str, Any]:
+    databases = copy.deepcopy(settings.DATABASES)
+    databases["extra"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:", **options}
+    return databases
+
+
+def run_sqlite_check(databases: dict[str, Any]) -> list[checks.CheckMessage]:
+    # Overriding DATABASES warns by design; the check only reads the setting.
+    with (
+        pytest.warns(UserWarning, match="DATABASES"),
+        override_settings(DATABASES=databases),
+    ):
+        return check_sqlite()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"OPTIONS": {}}, {"OPTIONS": {"transaction_mode": "DEFERRED"}}],
+)
+def test_check_sqlite__without_immediate_is_w001(options: dict[str, Any]) -> None:
+    messages = run_sqlite_check(databases_with(options))
+
+    extra = [m for m in messages if "'extra'" in m.msg]
+    assert ids(extra) == ["tombstones.W001"]
+    assert isinstance(extra[0], checks.Warning)
+
+
+@pytest.mark.parametrize("mode", ["IMMEDIATE", "immediate"])
+def test_check_sqlite__immediate_is_clean(mode: str) -> None:
+    messages = run_sqlite_check(databases_with({"OPTIONS": {"transaction_mode": mode}}))
+
+    assert [m for m in messages if "'extra'" in m.msg] == []
+
+
+def test_check_sqlite__project_settings_are_clean() -> None:
+    assert check_sqlite() == []
+
+
+def test_check_sqlite__postgres_is_ignored() -> None:
+    databases = copy.deepcopy(settings.DATABASES)
+    databases["pg"] = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
+
+    assert [m for m in run_sqlite_check(databases) if "'pg'" in m.msg] == []

@@ -1,0 +1,102 @@
+"""enqueue(): the snapshot, the refusals, the caller's transaction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from django.db import transaction
+from django_q.models import OrmQ, Task
+
+import tombstones
+from project.customers.models import CrmContact, Customer
+from tests.factories import CustomerFactory
+from tombstones.exceptions import InvalidParams, MissingFence, RecordDeleted, UnknownHandler
+from tombstones.models import Job, JobEvent
+
+pytestmark = pytest.mark.django_db
+
+HANDLER = "customers.update_sheet_row"
+
+
+def test_enqueue__snapshots_generation_version_and_default_lane() -> None:
+    customer = CustomerFactory()
+    customer.name = "changed"
+    customer.save()
+    job = tombstones.enqueue(HANDLER, customer, params={"n": 1})
+    job.refresh_from_db()
+    assert (job.generation, job.version) == (1, 2)
+    assert job.lane == f"customers.customer:{customer.pk}"
+    assert job.status == Job.Status.QUEUED
+    assert job.params == {"n": 1}
+    assert list(job.events.values_list("event", flat=True)) == ["enqueued"]
+
+
+def test_enqueue__ordering_key_overrides_the_lane() -> None:
+    job = tombstones.enqueue(HANDLER, CustomerFactory(), ordering_key="tenant-7")
+    assert job.lane == "tenant-7"
+
+
+def test_enqueue__refuses_a_record_without_fence() -> None:
+    with pytest.raises(MissingFence):
+        tombstones.enqueue(HANDLER, CrmContact.objects.create(idempotency_key="k", reference="r"))
+    with pytest.raises(MissingFence):
+        tombstones.enqueue(HANDLER, Customer(reference="C-unsaved", name="x", email="x@x.test"))
+    assert not Job.objects.exists()
+
+
+def test_enqueue__refuses_a_tombstone() -> None:
+    customer = CustomerFactory()
+    customer.delete()
+    with pytest.raises(RecordDeleted):
+        tombstones.enqueue(HANDLER, customer)
+    assert not Job.objects.exists()
+
+
+def test_enqueue__refuses_an_unknown_handler() -> None:
+    with pytest.raises(UnknownHandler, match="no.such.handler"):
+        tombstones.enqueue("no.such.handler", CustomerFactory())
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("params", [{"s": {1, 2}}, {"f": math.nan}, ["not", "a", "dict"], "x"])
+def test_enqueue__refuses_params_that_are_not_json(params: object) -> None:
+    with pytest.raises(InvalidParams):
+        tombstones.enqueue(HANDLER, CustomerFactory(), params=params)  # type: ignore[arg-type]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__rolled_back_request_leaves_no_job_and_no_message(settings: object) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}  # type: ignore[attr-defined]  # a real ORM-broker message
+    customer = CustomerFactory()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tombstones.enqueue(HANDLER, customer)
+        raise RuntimeError("request failed")
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+    assert not OrmQ.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__wakes_a_worker_only_after_commit(settings: object) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}  # type: ignore[attr-defined]
+    customer = CustomerFactory()
+    with transaction.atomic():
+        job = tombstones.enqueue(HANDLER, customer)
+        assert not OrmQ.objects.exists()
+    assert OrmQ.objects.count() == 1
+    # The message carries the job id and nothing else.
+    task = OrmQ.objects.get().task
+    assert task["args"] == (job.pk,)
+    assert task["kwargs"] == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__sync_mode_runs_the_job_inline_after_commit() -> None:
+    customer = CustomerFactory()
+    with transaction.atomic():
+        job = tombstones.enqueue(HANDLER, customer)
+    job.refresh_from_db()
+    assert job.status == Job.Status.SUCCEEDED
+    assert Task.objects.get().success is True

@@ -1,0 +1,168 @@
+"""Honest records: django-q2's task table, the doctor, and no personal data anywhere."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Now
+from django_q.models import OrmQ, Task
+from django_q.signing import SignedPackage
+
+import tombstones
+from project.customers.models import Customer
+from tests.factories import CustomerFactory, SheetRowFactory
+from tests.jobkit import run, temp_handler
+from tombstones.exceptions import TombstoneError
+from tombstones.models import Job, JobEvent
+
+Status = Job.Status
+
+
+def _doctor() -> str:
+    out = StringIO()
+    call_command("tombstones_doctor", stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_q_task__rejected_job_is_not_stored_as_a_success() -> None:
+    ok_customer, gone_customer = CustomerFactory(), CustomerFactory()
+    with transaction.atomic():
+        good = tombstones.enqueue("customers.update_sheet_row", ok_customer)
+    with transaction.atomic():
+        bad = tombstones.enqueue("customers.update_sheet_row", gone_customer)
+        gone_customer.delete()
+    tasks = {t.args[0]: t for t in Task.objects.filter(func="tombstones.worker.run")}
+    assert tasks[good.pk].success is True
+    assert tasks[bad.pk].success is False
+    assert tasks[bad.pk].result["status"] == "rejected"
+    assert "ok   django-q2 successes" in _doctor()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor__names_a_rejected_job_recorded_as_success() -> None:
+    customer = CustomerFactory()
+    with transaction.atomic():
+        job = tombstones.enqueue("customers.update_sheet_row", customer)
+        customer.delete()
+    Task.objects.filter(args=(job.pk,)).update(success=True)  # what the doctor must catch
+    with pytest.raises(CommandError, match="1 problem"):
+        _doctor()
+
+
+@pytest.mark.django_db
+def test_doctor__names_unfenced_jobs_and_expired_leases(settings: Any) -> None:
+    customer = CustomerFactory()
+    legacy = tombstones.enqueue("customers.update_sheet_row", customer)
+    Job.objects.filter(pk=legacy.pk).update(version=None, status=Status.QUEUED)
+    stuck = tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
+    Job.objects.filter(pk=stuck.pk).update(
+        status=Status.RUNNING, lease_expires_at=Now() - Value(timedelta(minutes=1))
+    )
+    out = StringIO()
+    with pytest.raises(CommandError, match="2 problem"):
+        call_command("tombstones_doctor", stdout=out)
+    assert f"job {legacy.pk} has no generation/version" in out.getvalue()
+    assert f"job {stuck.pk} is running with an expired lease" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_doctor__fails_when_retention_is_not_longer_than_max_age(settings: Any) -> None:
+    settings.TOMBSTONES_RETENTION = timedelta(days=1)
+    settings.TOMBSTONES_JOB_MAX_AGE = timedelta(days=2)
+    with pytest.raises(CommandError):
+        _doctor()
+
+
+# --- no personal data ------------------------------------------------------------------------
+
+NAME = "Qwertzuiop Plantedname"
+EMAIL = "planted-4417@pii.test"
+PHONE = "+4915550199887"
+PLANTED = (NAME, EMAIL, PHONE, "Qwertzuiop")
+
+
+def _leaky(ctx: Any) -> None:
+    # A careless handler: its exception message carries personal data.
+    raise ValueError(f"could not sync {ctx.record.name} <{ctx.record.email}>")
+
+
+def _leaky_external(ctx: Any) -> None:
+    raise TimeoutError(f"timeout sending to {ctx.record.email}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_personal_data__in_logs_jobs_events_q2_rows_or_errors(
+    caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    made: list[Customer] = []
+
+    def planted(n: int) -> Customer:
+        customer = CustomerFactory(reference=f"PII-{n}", name=NAME, email=EMAIL, phone=PHONE)
+        SheetRowFactory(customer=customer)
+        made.append(customer)
+        return customer
+
+    errors: list[str] = []
+    with temp_handler("t.leaky", _leaky), temp_handler("t.leaky_ext", _leaky_external, external=True):
+        # succeeded, rejected (source_deleted), rejected (generation_changed), failed, uncertain
+        with transaction.atomic():
+            tombstones.enqueue("customers.update_sheet_row", planted(1))
+        c2 = planted(2)
+        with transaction.atomic():
+            tombstones.enqueue("customers.update_sheet_row", c2)
+            c2.delete()
+        c3 = planted(3)
+        with transaction.atomic():
+            tombstones.enqueue("customers.update_sheet_row", c3)
+            c3.delete()
+            Customer.all_objects.recreate(reference="PII-3", name=NAME, email=EMAIL, phone=PHONE)
+        with transaction.atomic():
+            tombstones.enqueue("t.leaky", planted(4))
+        with transaction.atomic():
+            tombstones.enqueue("t.leaky_ext", planted(5))
+        # escalated: a legacy row without a fence
+        c6 = planted(6)
+        settings.TOMBSTONES_Q_OPTIONS = {}  # leave a real message in the ORM broker's table
+        with transaction.atomic():
+            legacy = tombstones.enqueue("customers.update_sheet_row", c6)
+        Job.objects.filter(pk=legacy.pk).update(generation=None)
+        run(legacy)
+        # exceptions raised to callers
+        stale = Customer.objects.get(reference="PII-1")
+        Customer.objects.filter(pk=stale.pk).update()
+        for action in (
+            stale.save,
+            lambda: c2.save(),
+            lambda: tombstones.enqueue("customers.update_sheet_row", c2),
+            lambda: tombstones.enqueue("customers.update_sheet_row", Customer(name=NAME, email=EMAIL)),
+        ):
+            with pytest.raises(TombstoneError) as info:
+                action()
+            errors += [str(info.value), repr(info.value)]
+    statuses = set(Job.objects.values_list("status", flat=True))
+    assert statuses >= {"succeeded", "rejected", "failed", "uncertain", "escalated"}
+    assert len(errors) == 8
+
+    haystacks = {
+        "logs": caplog.text + "\n".join(str(r.__dict__) for r in caplog.records),
+        "jobs": "\n".join(str(row) for row in Job.objects.values()),
+        "events": "\n".join(str(row) for row in JobEvent.objects.values()),
+        "q2 tasks": "\n".join(str(row) for row in Task.objects.values()),
+        "q2 queue": "\n".join(
+            str(SignedPackage.loads(row.payload)) for row in OrmQ.objects.all()
+        ),
+        "errors": "\n".join(errors),
+    }
+    assert OrmQ.objects.exists(), "the ORM broker's table must have been searched, not skipped"
+    for place, text in haystacks.items():
+        for value in PLANTED:
+            assert value not in text, f"{value!r} leaked into {place}"
