@@ -331,9 +331,27 @@ def recreate(model: type[TombstoneModel], fields: dict[str, Any], *, using: str 
 
 
 def purge(queryset: models.QuerySet[Any]) -> int:
-    """Hard-delete tombstones (never live rows). Retention is the caller's (the command's) job."""
+    """Hard-delete tombstones (never live rows). Retention is the caller's (the command's) job.
+
+    Refuses (ProtectedError) when Django's delete would cascade to any other row: a purge must
+    never hard-delete a live child through on_delete=CASCADE.
+    """
+    from django.db.models.deletion import Collector
+
+    model = queryset.model
     dead = models.QuerySet.filter(queryset, deleted_at__isnull=False)
-    deleted, _ = models.QuerySet.delete(dead)
+    with transaction.atomic(using=dead.db):
+        collector = Collector(using=dead.db, origin=dead)
+        collector.collect(dead)
+        others = [m for m, objs in collector.data.items() if m is not model and objs]
+        cascades = [qs for qs in collector.fast_deletes if qs.model is not model and qs.exists()]
+        if others or cascades:
+            raise models.ProtectedError(
+                f"Purging {model._meta.label} tombstones would cascade to other rows; "
+                "tombstone or detach those first.",
+                set(),
+            )
+        deleted, _ = models.QuerySet.delete(dead)
     return deleted
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from io import StringIO
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -93,3 +94,47 @@ def test_purge__unknown_or_plain_model_is_refused() -> None:
         call_command("purge_tombstones", "--model", "customers.CrmContact", stdout=StringIO())
     with pytest.raises(CommandError):
         call_command("purge_tombstones", "--model", "nope.Nope", stdout=StringIO())
+
+
+@pytest.fixture
+def cascade_child() -> Iterator[type[models.Model]]:
+    """A throwaway model with a CASCADE foreign key to Customer, table created for the test."""
+    from django.apps import apps
+    from django.db import connection
+
+    class PurgeNote(models.Model):
+        customer = models.ForeignKey(Customer, on_delete=models.CASCADE)
+        text = models.CharField(max_length=10)
+
+        class Meta:
+            app_label = "customers"
+            db_table = "test_purge_note"
+
+    apps.clear_cache()  # so Customer's reverse relations include the new model
+    with connection.schema_editor() as editor:
+        editor.create_model(PurgeNote)
+    try:
+        yield PurgeNote
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(PurgeNote)
+        del apps.all_models["customers"]["purgenote"]
+        apps.clear_cache()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_purge__refuses_to_cascade_to_live_rows(
+    settings: Any, cascade_child: type[models.Model]
+) -> None:
+    """A CASCADE child of a tombstone must never be hard-deleted by a purge."""
+    settings.TOMBSTONES_RETENTION = timedelta(days=30)
+    customer = CustomerFactory()
+    cascade_child.objects.create(customer=customer, text="keep me")  # type: ignore[attr-defined]
+    customer.delete()
+    _age(customer, 40)
+    with pytest.raises(models.ProtectedError):
+        Customer.all_objects.filter(pk=customer.pk).purge()
+    text = _purge("--noinput")
+    assert "kept 1 protected by related rows" in text
+    assert cascade_child.objects.count() == 1  # type: ignore[attr-defined]
+    assert Customer.all_objects.filter(pk=customer.pk).exists()
