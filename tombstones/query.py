@@ -52,7 +52,7 @@ class TombstoneQuerySet(models.QuerySet[_M]):
 
     def recreate(self, **fields: Any) -> _M:
         """Revive the tombstone holding the business key as generation + 1, or create it."""
-        return fencing.recreate(self.model, fields, using=self.db)
+        return fencing.recreate(self.model, fields, using=self._db)  # None: the write database
 
     def purge(self) -> int:
         """Hard-delete the matched tombstones (live rows are never purged). Use purge_tombstones."""

@@ -40,7 +40,8 @@ def test_sync_crm__timeout_after_sending_is_uncertain_and_not_repeated(crm: str)
     assert (job.status, job.reason) == (Job.Status.UNCERTAIN, Job.Reason.OUTCOME_UNKNOWN)
     make_due(job)
     job = run(job)
-    assert job.status == Job.Status.UNCERTAIN and job.attempts == 1
+    assert job.status == Job.Status.UNCERTAIN
+    assert job.attempts == 1
 
 
 def test_sync_crm__refused_connection_is_a_retry(settings: Any) -> None:

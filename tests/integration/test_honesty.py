@@ -112,7 +112,10 @@ def test_no_personal_data__in_logs_jobs_events_q2_rows_or_errors(
         return customer
 
     errors: list[str] = []
-    with temp_handler("t.leaky", _leaky), temp_handler("t.leaky_ext", _leaky_external, external=True):
+    with (
+        temp_handler("t.leaky", _leaky),
+        temp_handler("t.leaky_ext", _leaky_external, external=True),
+    ):
         # succeeded, rejected (source_deleted), rejected (generation_changed), failed, uncertain
         with transaction.atomic():
             tombstones.enqueue("customers.update_sheet_row", planted(1))
@@ -143,7 +146,9 @@ def test_no_personal_data__in_logs_jobs_events_q2_rows_or_errors(
             stale.save,
             lambda: c2.save(),
             lambda: tombstones.enqueue("customers.update_sheet_row", c2),
-            lambda: tombstones.enqueue("customers.update_sheet_row", Customer(name=NAME, email=EMAIL)),
+            lambda: tombstones.enqueue(
+                "customers.update_sheet_row", Customer(name=NAME, email=EMAIL)
+            ),
         ):
             with pytest.raises(TombstoneError) as info:
                 action()
@@ -157,9 +162,7 @@ def test_no_personal_data__in_logs_jobs_events_q2_rows_or_errors(
         "jobs": "\n".join(str(row) for row in Job.objects.values()),
         "events": "\n".join(str(row) for row in JobEvent.objects.values()),
         "q2 tasks": "\n".join(str(row) for row in Task.objects.values()),
-        "q2 queue": "\n".join(
-            str(SignedPackage.loads(row.payload)) for row in OrmQ.objects.all()
-        ),
+        "q2 queue": "\n".join(str(SignedPackage.loads(row.payload)) for row in OrmQ.objects.all()),
         "errors": "\n".join(errors),
     }
     assert OrmQ.objects.exists(), "the ORM broker's table must have been searched, not skipped"

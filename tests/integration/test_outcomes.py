@@ -39,7 +39,8 @@ def test_internal_job__succeeds_with_fenced_writes(customer: Customer) -> None:
     job = run(tombstones.enqueue("customers.update_sheet_row", customer))
     assert (job.status, job.reason) == (Status.SUCCEEDED, Reason.NONE)
     customer.refresh_from_db()
-    assert customer.version == 2 and customer.synced_at is not None
+    assert customer.version == 2
+    assert customer.synced_at is not None
     assert SheetRow.objects.get(customer=customer).synced_version == 1
     assert events(job) == ["enqueued", "claimed", "checked", "succeeded"]
 
@@ -82,7 +83,9 @@ def test_stale_version__rereads_then_backs_off_after_the_limit(
 
 def test_stale_version__reread_decides_again_on_the_fresh_record(customer: Customer) -> None:
     fixture = RaceFixture(Customer, "customers.update_sheet_row", make_record=lambda: customer)
-    result = fixture.run_case(Case("4", ("enqueue J", "start J", "update R", "write J"), {"J": "reread"}))
+    result = fixture.run_case(
+        Case("4", ("enqueue J", "start J", "update R", "write J"), {"J": "reread"})
+    )
     assert result.ok, result
     assert result.writes == 2  # the sheet row and the customer, once each, on the second pass
 
@@ -90,7 +93,9 @@ def test_stale_version__reread_decides_again_on_the_fresh_record(customer: Custo
 # --- temporary failures ----------------------------------------------------------------------
 
 
-def test_transient_error__retries_with_backoff_then_fails(customer: Customer, settings: Any) -> None:
+def test_transient_error__retries_with_backoff_then_fails(
+    customer: Customer, settings: Any
+) -> None:
     settings.TOMBSTONES_MAX_ATTEMPTS = 3
     settings.TOMBSTONES_RETRY_BACKOFF = timedelta(seconds=30)
     calls: list[int] = []
@@ -103,7 +108,9 @@ def test_transient_error__retries_with_backoff_then_fails(customer: Customer, se
     with temp_handler("t.flaky", flaky):
         job = run(tombstones.enqueue("t.flaky", customer))
         assert (job.status, job.reason) == (Status.RETRY_WAIT, Reason.TRANSIENT)
-        assert Job.objects.filter(pk=job.pk, run_after__gt=Now() + Value(timedelta(seconds=20))).exists()
+        assert Job.objects.filter(
+            pk=job.pk, run_after__gt=Now() + Value(timedelta(seconds=20))
+        ).exists()
         assert run(job).attempts == 1  # not due yet: not claimed
         for _ in range(2):
             make_due(job)
@@ -112,7 +119,8 @@ def test_transient_error__retries_with_backoff_then_fails(customer: Customer, se
     assert (job.status, job.reason) == (Status.FAILED, Reason.RETRIES_EXHAUSTED)
     assert events(job).count("checked") == 3  # the check is repeated every time
     customer.refresh_from_db()
-    assert customer.version == 1 and customer.phone != "+2"
+    assert customer.version == 1
+    assert customer.phone != "+2"
 
 
 def test_transient_error__a_deletion_during_backoff_rejects_the_retry(customer: Customer) -> None:
@@ -138,7 +146,10 @@ def test_handler_error__fails_and_rolls_back_its_writes(customer: Customer) -> N
     assert (job.status, job.reason) == (Status.FAILED, Reason.HANDLER_ERROR)
     assert job.error_class == "builtins.ValueError"
     customer.refresh_from_db()
-    assert (customer.version, customer.phone) == (1, CustomerFactory._meta.model.objects.get(pk=customer.pk).phone)
+    assert (customer.version, customer.phone) == (
+        1,
+        CustomerFactory._meta.model.objects.get(pk=customer.pk).phone,
+    )
     assert customer.phone != "+3"
 
 
@@ -176,15 +187,20 @@ def test_unreadable_record__pauses_then_resumes_with_the_check_repeated(
 # --- external calls --------------------------------------------------------------------------
 
 
-def test_external__sending_then_sent_then_succeeded(customer: Customer, mailoutbox: list[Any]) -> None:
+def test_external__sending_then_sent_then_succeeded(
+    customer: Customer, mailoutbox: list[Any]
+) -> None:
     job = run(tombstones.enqueue("customers.send_welcome", customer))
     assert job.status == Status.SUCCEEDED
-    assert job.sending_at is not None and job.sent_at is not None
+    assert job.sending_at is not None
+    assert job.sent_at is not None
     assert len(mailoutbox) == 1
     assert events(job) == ["enqueued", "claimed", "checked", "sending", "sent", "succeeded"]
 
 
-def test_external__timeout_after_sending_is_uncertain_and_never_repeated(customer: Customer) -> None:
+def test_external__timeout_after_sending_is_uncertain_and_never_repeated(
+    customer: Customer,
+) -> None:
     calls: list[str] = []
 
     def slow(ctx: Any) -> None:
@@ -223,7 +239,8 @@ def test_external__refused_connection_is_retried_with_the_same_idempotency_key(
 
     with temp_handler("t.refused", refused, external=True):
         job = run(tombstones.enqueue("t.refused", customer))
-        assert job.status == Status.RETRY_WAIT and job.sending_at is None
+        assert job.status == Status.RETRY_WAIT
+        assert job.sending_at is None
         make_due(job)
         job = run(job)
     assert job.status == Status.SUCCEEDED
@@ -234,8 +251,11 @@ def test_external__crash_after_sending_is_marked_uncertain_by_the_sweep(customer
     job = tombstones.enqueue("customers.send_welcome", customer)
     # A worker claimed it, committed "sending", then vanished: its lease ran out.
     Job.objects.filter(pk=job.pk).update(
-        status=Status.RUNNING, sending_at=Now(), claim_token="gone",
-        lease_expires_at=Now() - Value(timedelta(seconds=5)), attempts=F("attempts") + 1,
+        status=Status.RUNNING,
+        sending_at=Now(),
+        claim_token="gone",
+        lease_expires_at=Now() - Value(timedelta(seconds=5)),
+        attempts=F("attempts") + 1,
     )
     assert sweep(dispatch=False)["uncertain"] == 1
     job.refresh_from_db()
@@ -322,9 +342,11 @@ def test_logging__one_line_per_outcome_and_rejection_is_a_warning(
         customer.delete()
         run(bad)
     lines = {r.tombstones["job_id"]: r for r in caplog.records if hasattr(r, "tombstones")}
-    assert lines[ok.pk].levelno == logging.INFO and "succeeded" in lines[ok.pk].getMessage()
+    assert lines[ok.pk].levelno == logging.INFO
+    assert "succeeded" in lines[ok.pk].getMessage()
     rejected = lines[bad.pk]
     assert rejected.levelno == logging.WARNING
-    assert "rejected" in rejected.getMessage() and "succe" not in rejected.getMessage()
+    assert "rejected" in rejected.getMessage()
+    assert "succe" not in rejected.getMessage()
     assert rejected.tombstones["reason"] == "source_deleted"
     assert rejected.tombstones["record"] == f"customers.customer:{customer.pk}"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -109,6 +109,9 @@ def cascade_child() -> Iterator[type[models.Model]]:
         class Meta:
             app_label = "customers"
             db_table = "test_purge_note"
+
+        def __str__(self) -> str:
+            return f"note {self.pk}"
 
     apps.clear_cache()  # so Customer's reverse relations include the new model
     with connection.schema_editor() as editor:

@@ -94,12 +94,19 @@ def test_case__malformed_scripts_are_refused(bad: Any) -> None:
 def test_command__prints_the_table_and_the_summary_line() -> None:
     out = StringIO()
     call_command(
-        "racefixture", "--model", "customers.Customer", "--handler", "customers.update_sheet_row",
+        "racefixture",
+        "--model",
+        "customers.Customer",
+        "--handler",
+        "customers.update_sheet_row",
         stdout=out,
     )
     text = out.getvalue()
-    assert "case" in text and "verdict" in text
-    assert "4 cases: 3 rejected for source state, 1 re-read for stale version, 0 unaccounted" in text
+    assert "case" in text
+    assert "verdict" in text
+    assert (
+        "4 cases: 3 rejected for source state, 1 re-read for stale version, 0 unaccounted" in text
+    )
     assert "MISMATCH" not in text
 
 
@@ -108,18 +115,33 @@ def test_command__adds_cases_from_a_file_and_fails_on_mismatch(tmp_path: Path) -
     path.write_text(
         json.dumps(
             [
-                {"name": "mine", "events": ["enqueue J", "update R", "run J"], "expected": "succeeded"},
-                {"name": "wrong", "events": ["enqueue J", "delete R", "run J"], "expected": "succeeded"},
+                {
+                    "name": "mine",
+                    "events": ["enqueue J", "update R", "run J"],
+                    "expected": "succeeded",
+                },
+                {
+                    "name": "wrong",
+                    "events": ["enqueue J", "delete R", "run J"],
+                    "expected": "succeeded",
+                },
             ]
         )
     )
     out = StringIO()
     with pytest.raises(CommandError, match="mismatch"):
         call_command(
-            "racefixture", "--model", "customers.Customer",
-            "--handler", "customers.update_sheet_row", "--cases", str(path), stdout=out,
+            "racefixture",
+            "--model",
+            "customers.Customer",
+            "--handler",
+            "customers.update_sheet_row",
+            "--cases",
+            str(path),
+            stdout=out,
         )
-    assert "mine" in out.getvalue() and "MISMATCH" in out.getvalue()
+    assert "mine" in out.getvalue()
+    assert "MISMATCH" in out.getvalue()
 
 
 @pytest.mark.parametrize(

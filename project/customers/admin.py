@@ -1,0 +1,43 @@
+"""The demo's admin: business records through TombstoneAdmin, the fake CRM read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from tombstones.admin import TombstoneAdmin
+
+from .models import CrmContact, Customer, SheetRow
+
+
+@admin.register(Customer)
+class CustomerAdmin(TombstoneAdmin):
+    # Personal columns on the live list only: TombstoneAdmin lists tombstones by identity.
+    list_display = ("reference", "name", "email", "generation", "version")
+    search_fields = ("reference",)
+
+
+@admin.register(SheetRow)
+class SheetRowAdmin(TombstoneAdmin):
+    list_display = ("reference", "customer", "synced_version", "generation", "version")
+    list_select_related = ("customer",)
+    search_fields = ("reference",)
+
+
+@admin.register(CrmContact)
+class CrmContactAdmin(admin.ModelAdmin):
+    """What the fake CRM received: written by the CRM endpoint only, so read-only here."""
+
+    list_display = ("idempotency_key", "reference", "deliveries", "received_at")
+    search_fields = ("reference", "idempotency_key")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
