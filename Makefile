@@ -1,0 +1,95 @@
+# django-tombstone-guard: developer entry points.
+#
+#   make demo                 SQLite demo: admin + django-q2 cluster on http://127.0.0.1:8000/
+#   make test                 the test suite on SQLite
+#   make test DATABASE_URL=postgres://postgres@127.0.0.1:5432/test   ... on PostgreSQL
+#   make lint                 ruff check, ruff format --check, mypy
+#   make wheel                build dist/*.whl
+#
+# A second environment (used by CI for Django 6 on Python 3.12):
+#   make test VENV=.venv-dj6 PYTHON=python3.12 DJANGO_SPEC="django>=6,<7"
+
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= dev
+DJANGO_SPEC ?=
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+VPY := $(BIN)/python
+STAMP := $(VENV)/.installed
+SPEC_FILE := $(VENV)/.install-spec
+INSTALL_SPEC := extras=$(EXTRAS) django=$(DJANGO_SPEC)
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo seed test lint format wheel clean FORCE
+
+help:
+	@echo "make venv | demo | test | lint | wheel | clean"
+	@echo "  variables: VENV=$(VENV) PYTHON=$(PYTHON) DJANGO_SPEC='$(DJANGO_SPEC)' PYTEST_ARGS='$(PYTEST_ARGS)'"
+
+# --- environment -----------------------------------------------------------------------------
+
+$(VPY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { \
+		echo "error: $(PYTHON) is Python <3.11; pass PYTHON=/path/to/python3.11+" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Rewritten only when its content changes, so a different DJANGO_SPEC/EXTRAS re-installs.
+$(SPEC_FILE): FORCE | $(VPY)
+	@echo '$(INSTALL_SPEC)' | cmp -s - $@ || echo '$(INSTALL_SPEC)' > $@
+
+# Re-installs only when pyproject.toml (or the install spec) is newer than the stamp.
+$(STAMP): pyproject.toml $(SPEC_FILE) | $(VPY)
+	$(VPY) -m pip install --quiet -e ".[$(EXTRAS)]" $(if $(DJANGO_SPEC),"$(DJANGO_SPEC)")
+	@$(VPY) -c 'import django, sys; print(f"$(VENV): Python {sys.version.split()[0]}, Django {django.__version__}")'
+	@touch $@
+
+venv: $(STAMP)
+
+# --- demo ------------------------------------------------------------------------------------
+
+demo: $(STAMP)
+	VENV=$(VENV) bash scripts/demo.sh
+
+seed: $(STAMP)
+	$(VPY) manage.py migrate --noinput
+	$(VPY) manage.py seed_demo
+
+# --- checks ----------------------------------------------------------------------------------
+
+# pytest's exit code 5 ("no tests collected") is a failure here: a green run must have run tests.
+test: $(STAMP)
+	@if [ -n "$$DATABASE_URL" ]; then echo "database: $${DATABASE_URL%%://*}"; else echo "database: sqlite"; fi
+	@$(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests (exit 5)" >&2; exit 1; fi; \
+	exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+wheel: $(STAMP)
+	rm -rf dist/
+	$(VPY) -m build --wheel --outdir dist/ .
+
+clean:
+	rm -rf dist/ build/ *.egg-info .test-db*.sqlite3*
+
+# --- benchmark (bench/README.md) -------------------------------------------------------------
+#   make bench                                  the full matrix (PostgreSQL+Redis, SQLite+ORM)
+#   make bench BENCH_ARGS="--db sqlite --jobs 500 --reps 1"
+
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: $(STAMP)
+	@$(VPY) -c 'import psutil' 2>/dev/null || $(VPY) -m pip install --quiet psutil
+	$(VPY) bench/run.py --json bench/results/bench.json $(BENCH_ARGS)

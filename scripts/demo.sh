@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The demo: migrate the SQLite database, seed it, run the django-q2 cluster and the dev server.
+# Ctrl-C (or SIGTERM) stops both, including qcluster's worker processes.
+#
+# Environment: VENV (default .venv), DEMO_ADDR (default 127.0.0.1:8000),
+# DEMO_ADMIN_PASSWORD / DEMO_AUDITOR_PASSWORD (generated and kept in .demo-credentials if unset).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+ADDR=${DEMO_ADDR:-127.0.0.1:8000}
+URL="http://$ADDR/admin/"
+
+if [ ! -x "$PY" ]; then
+    echo "error: $PY not found: run 'make demo' (it creates the venv)" >&2
+    exit 1
+fi
+if "$PY" - "$ADDR" <<'EOF'
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+with socket.socket() as s:
+    s.settimeout(0.5)
+    sys.exit(0 if s.connect_ex((host, int(port))) == 0 else 1)
+EOF
+then
+    echo "error: something already listens on $ADDR (set DEMO_ADDR=host:port)" >&2
+    exit 1
+fi
+
+"$PY" manage.py migrate --noinput
+CREDENTIALS=$("$PY" manage.py seed_demo)
+echo "$CREDENTIALS"
+
+# Job control: each child runs in its own process group, so one kill reaches a child and
+# everything it forked (qcluster's sentinel, workers, pusher, monitor), and Ctrl-C reaches
+# only this script, which then stops them in order.
+set -m
+pids=()
+
+stop() {
+    trap - INT TERM EXIT
+    echo
+    echo "stopping the dev server and the cluster..."
+    local pid
+    # The leaders first: qcluster stops its own workers gracefully on SIGTERM (signalling the
+    # whole group at once would kill workers under its sentinel). Then insist on the groups.
+    for pid in "${pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    local alive=1
+    for _ in $(seq 1 75); do
+        alive=0
+        for pid in "${pids[@]}"; do
+            if kill -0 -- "-$pid" 2>/dev/null; then alive=1; fi
+        done
+        [ "$alive" -eq 0 ] && break
+        sleep 0.2
+    done
+    if [ "$alive" -eq 1 ]; then
+        echo "still running after 15s: killing them" >&2
+        for pid in "${pids[@]}"; do
+            kill -KILL -- "-$pid" 2>/dev/null || true
+        done
+    fi
+    wait 2>/dev/null || true
+    echo "stopped."
+}
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+trap 'stop' EXIT
+
+"$PY" manage.py qcluster &
+pids+=($!)
+"$PY" manage.py runserver --noreload "$ADDR" &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+    if "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" \
+        "${URL}login/" 2>/dev/null; then
+        break
+    fi
+    sleep 0.2
+done
+
+cat <<EOF
+
+==============================================================================
+  Tombstone guard demo: $URL
+$(echo "$CREDENTIALS" | grep -E '^  (admin|auditor) ' || true)
+
+  Queue a job:  $PY manage.py shell
+                >>> import tombstones
+                >>> from project.customers.models import Customer
+                >>> tombstones.enqueue("customers.update_sheet_row", Customer.objects.first())
+  Ctrl-C stops the server and the cluster.
+==============================================================================
+
+EOF
+
+# Exits when either child exits (then the EXIT trap stops the other one).
+wait -n "${pids[@]}" || true
+echo "a demo process exited; shutting down." >&2
