@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -96,8 +97,20 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend")
-EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(BASE_DIR / ".mail"))
+_MAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend")
+_MAIL_PATH = env("EMAIL_FILE_PATH", default=str(BASE_DIR / ".mail"))
+if django.VERSION >= (6, 1):
+    # Django 6.1 replaced EMAIL_BACKEND/EMAIL_FILE_PATH with MAILERS.
+    _filebased = _MAIL_BACKEND.endswith("filebased.EmailBackend")
+    MAILERS = {
+        "default": {
+            "BACKEND": _MAIL_BACKEND,
+            "OPTIONS": {"file_path": _MAIL_PATH} if _filebased else {},
+        }
+    }
+else:
+    EMAIL_BACKEND = _MAIL_BACKEND
+    EMAIL_FILE_PATH = _MAIL_PATH
 
 # The fake CRM the demo's sync_crm handler posts to (served by this project itself).
 CRM_URL = env("CRM_URL", default="http://127.0.0.1:8000/fake-crm/contacts/")

@@ -52,7 +52,8 @@ class TombstoneQuerySet(models.QuerySet[_M]):
 
     def recreate(self, **fields: Any) -> _M:
         """Revive the tombstone holding the business key as generation + 1, or create it."""
-        return fencing.recreate(self.model, fields, using=self._db)  # None: the write database
+        # _db, not db: an unpinned queryset must write to the write database, not a replica.
+        return fencing.recreate(self.model, fields, using=getattr(self, "_db", None))
 
     def purge(self) -> int:
         """Hard-delete the matched tombstones (live rows are never purged). Use purge_tombstones."""

@@ -284,8 +284,12 @@ class TombstoneAdmin(admin.ModelAdmin):
             return ("record_identity",)
         return super().get_list_display_links(request, list_display)
 
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> Any:
+        # Django 6.1 added action_location (and warns on overrides without it); 5.2 has none.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location)  # type: ignore[call-arg]
         # A subclass's own ``actions`` list brings back the site-wide delete_selected: swap in
         # this class's (same permission, already checked by super()).
         if "delete_selected" in actions:

@@ -68,9 +68,11 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
             event="resumed",
         )
     if dispatch:
-        # Only heads due for longer than a lease: their message was most likely lost.
+        # Heads due for longer than a lease (their message was most likely lost), and retries
+        # now due (a retry_wait job gets no message of its own: the sweep is its wake-up).
         stuck = ledger.claimable(using).filter(
-            run_after__lt=Now() - Value(tombstone_settings.LEASE)
+            Q(run_after__lt=Now() - Value(tombstone_settings.LEASE))
+            | Q(status=Status.RETRY_WAIT, run_after__lte=Now())
         )
         for job_id in stuck.order_by("id").values_list("id", flat=True)[:BATCH]:
             wake(job_id)

@@ -1,0 +1,78 @@
+"""The race harness's models: the source of truth, the downstream store, and the delivery log."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from tombstones.models import TombstoneModel
+
+
+class StressEntity(TombstoneModel):
+    """The source of truth: an entity that is created, updated, deleted and re-created."""
+
+    key = models.CharField(max_length=64, unique=True)  # business key
+    payload = models.CharField(max_length=200)
+
+    class TombstoneMeta:
+        business_key = "key"
+        personal_fields = ()
+
+    class Meta:
+        ordering = ("key",)
+
+    def __str__(self) -> str:
+        return f"Stress entity {self.key}"
+
+
+class DownstreamRecord(models.Model):
+    """The downstream system: blind upserts and deletes by business key, no conditional writes."""
+
+    key = models.CharField(max_length=64, unique=True)
+    payload = models.CharField(max_length=200)
+    generation = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ("key",)
+
+    def __str__(self) -> str:
+        return f"Downstream {self.key}"
+
+
+class Delivery(models.Model):
+    """One row when a delivery starts and one when it ends: order, overlap and duplicates."""
+
+    class Phase(models.TextChoices):
+        START = "start"  # the handler began delivering
+        END = "end"  # the downstream write was made
+
+    job_id = models.BigIntegerField(db_index=True)
+    lane = models.CharField(max_length=255, db_index=True)
+    sequence = models.BigIntegerField(help_text="The job's position in its lane.")
+    key = models.CharField(max_length=64, db_index=True)
+    op = models.CharField(max_length=16)
+    phase = models.CharField(max_length=8, choices=Phase)
+    generation = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ("id",)
+
+    def __str__(self) -> str:
+        return f"Delivery {self.phase} job={self.job_id}"
+
+
+class AppliedWrite(models.Model):
+    """An internal write made inside a job's act-and-record transaction (crash tests count it)."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    key = models.CharField(max_length=64)
+    version = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ("id",)
+
+    def __str__(self) -> str:
+        return f"Applied write job={self.job_id}"

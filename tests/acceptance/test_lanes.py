@@ -1,0 +1,276 @@
+"""Ordered lanes: only the head of a lane is claimable, at most one job per lane runs, enforced
+by the database; leases in database time; claim races with real concurrent connections."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models import DateTimeField, F
+from django.db.models.functions import Now
+from django.test.utils import override_settings
+
+from project.stress.models import AppliedWrite
+from tombstones import ledger, worker
+from tombstones.dispatch import enqueue
+from tombstones.models import Job, JobEvent
+from tombstones.sweep import sweep
+
+from .helpers_cluster import Cluster, backdate_lease, entity, quiet_queue, wait_for
+
+Status = Job.Status
+REPEATS = 200
+
+
+@pytest.fixture
+def queue(transactional_db: None) -> Iterator[str]:
+    with quiet_queue() as name:
+        yield name
+
+
+def _status(job: Job) -> str:
+    job.refresh_from_db()
+    return str(job.status)
+
+
+def test_lanes__default_ordering_key_is_the_record_and_can_be_overridden(queue: str) -> None:
+    record = entity("L1")
+    assert enqueue("stress.apply", record).lane == f"stress.stressentity:{record.pk}"
+    assert enqueue("stress.apply", record, ordering_key="tenant-7").lane == "tenant-7"
+
+
+def test_lanes__only_the_head_is_claimable_and_order_is_kept(queue: str) -> None:
+    record = entity("L2")
+    first, second, third = (enqueue("stress.apply", record) for _ in range(3))
+    assert ledger.claim(second.pk) is None
+    assert ledger.claim(third.pk) is None
+    taken = ledger.claim(first.pk)
+    assert taken is not None
+    assert ledger.claim(second.pk) is None  # the head is running: the lane is held
+    ledger.finish(taken, Status.SUCCEEDED)
+    assert ledger.claim(third.pk) is None  # still not the head
+    assert ledger.claim(second.pk) is not None
+
+
+def test_lanes__different_lanes_run_in_parallel(queue: str) -> None:
+    one, two = entity("L3a"), entity("L3b")
+    a, b = enqueue("stress.apply", one), enqueue("stress.apply", two)
+    assert ledger.claim(a.pk) is not None
+    assert ledger.claim(b.pk) is not None
+    assert Job.objects.filter(status=Status.RUNNING).count() == 2
+
+
+@pytest.mark.parametrize("holding", [Status.RETRY_WAIT, Status.PAUSED])
+def test_lanes__retry_wait_and_paused_hold_the_lane(queue: str, holding: str) -> None:
+    record = entity("L4")
+    first, second = enqueue("stress.apply", record), enqueue("stress.apply", record)
+    taken = ledger.claim(first.pk)
+    assert taken is not None
+    ledger.finish(taken, holding, Job.Reason.TRANSIENT, run_after=Now() + timedelta(hours=1))
+    assert ledger.claim(second.pk) is None
+    worker.wake_next(first.lane, None)  # nothing to wake: the lane is held
+    assert _status(second) == Status.QUEUED
+
+
+@pytest.mark.parametrize("terminal", sorted(Job.TERMINAL))
+def test_lanes__every_terminal_outcome_releases_the_lane(queue: str, terminal: str) -> None:
+    record = entity("L5")
+    first, second = enqueue("stress.apply", record), enqueue("stress.apply", record)
+    taken = ledger.claim(first.pk)
+    assert taken is not None
+    ledger.finish(taken, terminal)
+    assert ledger.claim(second.pk) is not None
+
+
+def test_lanes__the_database_refuses_a_second_running_job_in_a_lane(queue: str) -> None:
+    record = entity("L6")
+    first, second = enqueue("stress.apply", record), enqueue("stress.apply", record)
+    Job.objects.filter(pk=first.pk).update(status=Status.RUNNING)
+    # Bypassing the claim's head check entirely: the unique partial index still refuses.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=second.pk).update(status=Status.RUNNING)
+
+
+def test_lanes__lease_is_computed_with_the_database_clock(queue: str) -> None:
+    record = entity("L7")
+    job = enqueue("stress.apply", record)
+    with override_settings(TOMBSTONES_LEASE=timedelta(seconds=600)):
+        assert ledger.claim(job.pk) is not None
+    row = (
+        Job.objects.filter(pk=job.pk)
+        .annotate(db_now=Now(output_field=DateTimeField()))
+        .values("lease_expires_at", "db_now", "started_at")
+        .get()
+    )
+    assert row["lease_expires_at"] - row["started_at"] == timedelta(seconds=600)
+    assert abs((row["lease_expires_at"] - row["db_now"]) - timedelta(seconds=600)) < timedelta(
+        seconds=30
+    )
+
+
+def test_lanes__heartbeat_extends_the_lease_and_a_lost_lease_fences_everything(
+    queue: str,
+) -> None:
+    record = entity("L8")
+    job = enqueue("stress.apply", record)
+    taken = ledger.claim(job.pk)
+    assert taken is not None
+    backdate_lease(job.pk)
+    assert ledger.extend_lease(taken)
+    job.refresh_from_db()
+    assert job.lease_expires_at is not None
+    assert sweep(dispatch=False)["requeued"] == 0  # extended: not lapsed
+
+    backdate_lease(job.pk)
+    assert sweep(dispatch=False)["requeued"] == 1
+    rescuer = ledger.claim(job.pk)
+    assert rescuer is not None
+    # The first worker's claim is dead: no lease, no outcome.
+    assert ledger.extend_lease(taken) is False
+    with pytest.raises(ledger.LeaseLost):
+        ledger.finish(taken, Status.SUCCEEDED)
+    ledger.finish(rescuer, Status.SUCCEEDED)
+    assert _status(job) == Status.SUCCEEDED
+
+
+def test_lanes__long_handler_heartbeat_survives_concurrent_sweeps(queue: str) -> None:
+    """Lease 1s, handler 1.5s with heartbeats, sweeps every 50 ms: never taken over."""
+    record = entity("L9")
+    job = enqueue("stress.apply", record, params={"heartbeat": 1.5, "heartbeat_every": 0.2})
+    done = threading.Event()
+    swept: list[dict[str, int]] = []
+
+    def sweeper() -> None:
+        try:
+            while not done.wait(0.05):
+                swept.append(sweep(dispatch=False))
+        finally:
+            connection.close()
+
+    with override_settings(TOMBSTONES_LEASE=timedelta(seconds=1)):
+        thread = threading.Thread(target=sweeper)
+        thread.start()
+        try:
+            result = worker.run_job(job.pk)
+        finally:
+            done.set()
+            thread.join(10)
+    assert result["status"] == Status.SUCCEEDED
+    assert len(swept) > 10
+    assert sum(s["requeued"] for s in swept) == 0
+    assert AppliedWrite.objects.filter(job_id=job.pk).count() == 1
+
+
+class _Racers:
+    """Two threads, each with its own database connection, released by one barrier."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(2)
+        self.barrier = threading.Barrier(2)
+
+    def race(self, *calls: Callable[[], Any]) -> list[Any]:
+        def run(call: Callable[[], Any]) -> Any:
+            self.barrier.wait(10)
+            return call()
+
+        futures = [self.pool.submit(run, call) for call in calls]
+        return [f.result(30) for f in futures]
+
+    def close(self) -> None:
+        def close_connections() -> None:
+            self.barrier.wait(10)
+            connections.close_all()
+
+        self.race(close_connections, close_connections)
+        self.pool.shutdown()
+
+
+@pytest.fixture
+def racers(queue: str) -> Iterator[_Racers]:
+    pool = _Racers()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def test_lanes__two_workers_claim_the_same_job_at_once_exactly_one_wins(
+    racers: _Racers,
+) -> None:
+    record = entity("R1")
+    for _ in range(REPEATS):
+        job = enqueue("stress.apply", record)
+        claims = racers.race(*[partial(ledger.claim, job.pk)] * 2)
+        won = [c for c in claims if c is not None]
+        assert len(won) == 1
+        ledger.finish(won[0], Status.SUCCEEDED)
+    assert JobEvent.objects.filter(event=JobEvent.Event.CLAIMED).count() == REPEATS
+
+
+def test_lanes__two_workers_race_for_two_jobs_of_one_lane_only_the_head_runs(
+    racers: _Racers,
+) -> None:
+    record = entity("R2")
+    for _ in range(REPEATS):
+        head, next_ = enqueue("stress.apply", record), enqueue("stress.apply", record)
+        claims = racers.race(partial(ledger.claim, head.pk), partial(ledger.claim, next_.pk))
+        assert claims[0] is not None
+        assert claims[1] is None
+        ledger.finish(claims[0], Status.SUCCEEDED)
+        next_claim = ledger.claim(next_.pk)
+        assert next_claim is not None
+        ledger.finish(next_claim, Status.SUCCEEDED)
+
+
+def test_lanes__head_finishing_while_next_is_claimed_never_runs_two(racers: _Racers) -> None:
+    """The head's outcome and the next job's claim at the same instant: never two running."""
+    record = entity("R3")
+    for _ in range(REPEATS // 2):
+        head, next_ = enqueue("stress.apply", record), enqueue("stress.apply", record)
+        taken = ledger.claim(head.pk)
+        assert taken is not None
+        results = racers.race(
+            partial(ledger.finish, taken, Status.SUCCEEDED), partial(ledger.claim, next_.pk)
+        )
+        assert Job.objects.filter(lane=head.lane, status=Status.RUNNING).count() <= 1
+        if results[1] is None:
+            results[1] = ledger.claim(next_.pk)
+        assert results[1] is not None
+        ledger.finish(results[1], Status.SUCCEEDED)
+
+
+@pytest.mark.cluster
+@pytest.mark.django_db(transaction=True)
+def test_lanes__a_cluster_runs_each_lane_in_order_and_lanes_in_parallel(settings: Any) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    lanes, per_lane = 4, 5
+    cluster = Cluster(2, settings_module="tests.acceptance.cluster_settings")
+    with cluster, cluster.messages():
+        records = [entity(f"C{i}") for i in range(lanes)]
+        jobs = [
+            enqueue("stress.apply", records[i % lanes], params={"delay_ms": 40})
+            for i in range(lanes * per_lane)
+        ]
+        wait_for(lambda: not Job.objects.filter(status__in=Job.UNFINISHED).exists(), timeout=90)
+    assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
+    for record in records:
+        order = list(
+            AppliedWrite.objects.filter(key=record.key)
+            .order_by("id")
+            .values_list("job_id", flat=True)
+        )
+        assert order == sorted(j.pk for j in jobs if j.object_id == str(record.pk))
+    # Two worker processes shared the work.
+    owners = set(Job.objects.values_list("owner", flat=True))
+    assert len(owners) >= 2
+    spans = Job.objects.values_list("started_at", "finished_at", "lane")
+    overlapping = any(a[2] != b[2] and a[0] < b[1] and b[0] < a[1] for a in spans for b in spans)
+    assert overlapping, "no two lanes ever ran at the same time"
+    assert Job.objects.filter(attempts__gt=1).count() == 0
+    assert not Job.objects.filter(finished_at__lt=F("started_at")).exists()
