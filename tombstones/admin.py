@@ -1,5 +1,19 @@
 """Admin integration: ``TombstoneAdmin`` for business models, and the job audit admins."""
 
+from .audit_admin import (
+    DashboardAdmin,
+    JobAdmin,
+    JobEventAdmin,
+    RejectionAdmin,
+    timeline_url,
+)
 from .record_admin import TombstoneAdmin
 
-__all__ = ["TombstoneAdmin"]
+__all__ = [
+    "DashboardAdmin",
+    "JobAdmin",
+    "JobEventAdmin",
+    "RejectionAdmin",
+    "TombstoneAdmin",
+    "timeline_url",
+]

@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 
 from .records import TombstoneModel
 
-__all__ = ["Job", "JobEvent", "TombstoneModel"]
+__all__ = ["Dashboard", "Job", "JobEvent", "Rejection", "TombstoneModel"]
 
 
 class Job(models.Model):
@@ -108,6 +108,13 @@ class Job(models.Model):
                 name="tombstones_job_one_running_per_lane",
             ),
         ]
+        # Staff actions in the admin, each checked on its own (view-only auditors have none).
+        permissions = [
+            ("resolve_job", "Can resolve an uncertain job (delivered, or resend once)"),
+            ("resume_job", "Can resume a paused job"),
+            ("cancel_job", "Can cancel a queued job"),
+            ("skip_lane_head", "Can skip the blocked head of a lane"),
+        ]
 
     def __str__(self) -> str:
         return f"Job {self.pk} ({self.handler})"
@@ -183,3 +190,29 @@ class JobEvent(models.Model):
     @property
     def record_ref(self) -> str:
         return f"{self.content_type.app_label}.{self.content_type.model}:{self.object_id}"
+
+
+class RejectionManager(models.Manager["Rejection"]):
+    def get_queryset(self) -> models.QuerySet[Rejection]:
+        return super().get_queryset().filter(event=JobEvent.Event.REJECTED)
+
+
+class Rejection(JobEvent):
+    """The rejection log: the ``rejected`` events only (a proxy, for its own admin entry)."""
+
+    objects = RejectionManager()  # type: ignore[misc]  # narrows JobEvent's default manager
+
+    class Meta:
+        proxy = True
+        ordering = ("-id",)
+        verbose_name = "rejection"
+        verbose_name_plural = "rejection log"
+
+
+class Dashboard(Job):
+    """The job dashboard's entry in the admin index (a proxy: no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"

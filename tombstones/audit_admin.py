@@ -1,0 +1,505 @@
+"""The job audit for staff and auditors: jobs, their events, the rejection log, the dashboard.
+
+Everything here is read-only through the permission hooks; the only writes are the staff
+actions of :mod:`tombstones.operations`, each behind its own permission and a confirmation page.
+No page shows a job's params, a record's field values, ``str(record)`` or exception text: the
+record is named by ``app_label.model:pk`` and an error by its class.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from . import dashboard, operations, timeline
+from .models import Dashboard, Job, JobEvent, Rejection
+
+# The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
+_MAX_ID_DIGITS = 18
+
+
+def search_ids(queryset: QuerySet[Any], term: str, job_field: str) -> QuerySet[Any]:
+    """Search by job id (``42``, ``#42``) or record pk (``7``, ``customers.customer:7``).
+
+    Exact matches on ids only: no lookup ever touches params or the record's fields.
+    """
+    term = term.strip()
+    if not term:
+        return queryset
+    if term.startswith("#"):
+        digits = term[1:]
+        if digits.isdigit() and len(digits) <= _MAX_ID_DIGITS:
+            return queryset.filter(**{job_field: int(digits)})
+        return queryset.none()
+    if ":" in term:
+        label, _, pk = term.rpartition(":")
+        app_label, _, model = label.lower().partition(".")
+        return queryset.filter(
+            content_type__app_label=app_label, content_type__model=model, object_id=pk
+        )
+    match = Q(object_id=term)
+    if term.isdigit() and len(term) <= _MAX_ID_DIGITS:
+        match |= Q(**{job_field: int(term)})
+    return queryset.filter(match)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View-only through the permission hooks: nobody adds, changes or deletes audit rows."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _record_ref(obj: Job | JobEvent) -> str:
+    ct = ContentType.objects.get_for_id(obj.content_type_id)
+    return f"{ct.app_label}.{ct.model}:{obj.object_id}"
+
+
+def _gv(generation: int | None, version: int | None) -> str:
+    if generation is None and version is None:
+        return "-"
+    g = "?" if generation is None else generation
+    v = "?" if version is None else version
+    return f"g{g}/v{v}"
+
+
+def timeline_url(content_type_id: int, object_id: str) -> str:
+    """The record timeline (URL name ``admin:tombstones_job_timeline``)."""
+    return reverse("admin:tombstones_job_timeline", args=(content_type_id, object_id))
+
+
+def _record_link(obj: Job | JobEvent) -> str:
+    url = timeline_url(obj.content_type_id, obj.object_id)
+    return format_html('<a href="{}">{}</a>', url, _record_ref(obj))
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "status",
+        "handler",
+        "record",
+        "snapshot",
+        "reason_code",
+        "created_at",
+        "started_at",
+        "finished_at",
+    )
+    list_filter = ("status", "reason", "handler", "created_at")
+    search_fields = ("=object_id",)  # shows the search box; see get_search_results
+    search_help_text = "Job id (42 or #42) or record pk (7 or customers.customer:7)."
+    list_select_related = ("content_type",)
+    date_hierarchy = "created_at"
+    list_per_page = 50
+    _job_fields = ("id", "handler", "record", "lane", "status", "reason_code", "error_class")
+    _fence_fields = ("snapshot", "found", "external", "idempotency_key")
+    _attempt_fields = ("attempts", "rereads", "owner", "q_task_id")
+    _time_fields = (
+        "created_at",
+        "run_after",
+        "started_at",
+        "sending_at",
+        "sent_at",
+        "finished_at",
+        "lease_expires_at",
+    )
+    fieldsets = (
+        (None, {"fields": _job_fields}),
+        ("Fence", {"fields": _fence_fields}),
+        ("Attempts", {"fields": _attempt_fields}),
+        ("Times", {"fields": _time_fields}),
+    )
+    # Never params: a job's parameters are for its handler only.
+    readonly_fields = _job_fields + _fence_fields + _attempt_fields + _time_fields
+    exclude = ("params",)
+    change_list_template = "tombstones/admin/job_change_list.html"
+    change_form_template = "tombstones/admin/job_change_form.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return super().get_queryset(request).defer("params")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        return search_ids(queryset, search_term, "pk"), False
+
+    @admin.display(description="record", ordering="object_id")
+    def record(self, obj: Job) -> str:
+        return _record_link(obj)
+
+    @admin.display(description="reason", ordering="reason")
+    def reason_code(self, obj: Job) -> str:
+        return obj.reason or "-"
+
+    @admin.display(description="snapshot")
+    def snapshot(self, obj: Job) -> str:
+        return _gv(obj.generation, obj.version)
+
+    @admin.display(description="found")
+    def found(self, obj: Job) -> str:
+        return _gv(obj.found_generation, obj.found_version)
+
+    @admin.display(description="idempotency key")
+    def idempotency_key(self, obj: Job) -> str:
+        return obj.idempotency_key
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="tombstones_job_dashboard"),
+            path(
+                "timeline/<int:content_type_id>/<path:object_id>/",
+                view(self.timeline_view),
+                name="tombstones_job_timeline",
+            ),
+            path(
+                "<path:object_id>/act/<slug:action>/",
+                view(self.action_view),
+                name="tombstones_job_act",
+            ),
+            *super().get_urls(),
+        ]
+
+    # --- the job page: its events and the actions open to this user --------------------------
+
+    def allowed_actions(self, request: HttpRequest, job: Job) -> list[operations.StaffAction]:
+        return [
+            action
+            for action in operations.available(job)
+            if request.user.has_perm(f"tombstones.{action.permission}")
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, unquote(object_id))
+        extra = dict(extra_context or {})
+        if job is not None and self.has_view_permission(request, job):
+            extra["job_events"] = list(job.events.order_by("created_at", "id"))
+            extra["staff_actions"] = [
+                (a, reverse("admin:tombstones_job_act", args=(quote(job.pk), a.slug)))
+                for a in self.allowed_actions(request, job)
+            ]
+            extra["timeline_url"] = timeline_url(job.content_type_id, job.object_id)
+            extra["record_ref"] = _record_ref(job)
+        return super().change_view(request, object_id, form_url, extra)
+
+    def action_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """Two steps: GET shows what will happen; POST with confirm=yes does it, once."""
+        staff_action = operations.ACTIONS.get(action)
+        job = self.get_object(request, unquote(object_id))
+        if staff_action is None or job is None:
+            raise Http404("No such job or action.")
+        if not (
+            self.has_view_permission(request, job)
+            and request.user.has_perm(f"tombstones.{staff_action.permission}")
+        ):
+            raise PermissionDenied
+        job_url = reverse("admin:tombstones_job_change", args=(quote(job.pk),))
+        if request.method == "POST":
+            seen = request.POST.get("seen_status", "")
+            if request.POST.get("confirm") != "yes" or seen not in staff_action.from_status:
+                self.message_user(
+                    request, "Nothing changed: the confirmation was not valid.", messages.ERROR
+                )
+                return HttpResponseRedirect(job_url)
+            if staff_action.perform(job, seen):
+                self.log_change(
+                    request,
+                    job,
+                    f"{staff_action.slug}: job {job.pk} {seen} -> {job.status}"
+                    + (f" ({job.reason})" if job.reason else ""),
+                )
+                self.message_user(
+                    request, f"Job {job.pk}: {staff_action.title} done.", messages.SUCCESS
+                )
+            else:
+                self.message_user(
+                    request,
+                    f"Nothing changed: job {job.pk} is no longer in a state that allows "
+                    f"“{staff_action.title}” (someone or something acted first).",
+                    messages.WARNING,
+                )
+            return HttpResponseRedirect(job_url)
+        possible = staff_action in operations.available(job)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{staff_action.title}: job {job.pk}",
+            "opts": self.opts,
+            "job": job,
+            "record_ref": _record_ref(job),
+            "action": staff_action,
+            "possible": possible,
+            "job_url": job_url,
+            "timeline_url": timeline_url(job.content_type_id, job.object_id),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "tombstones/admin/confirm_action.html", context)
+
+    # --- the record timeline ------------------------------------------------------------------
+
+    def timeline_view(
+        self, request: HttpRequest, content_type_id: int, object_id: str
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            content_type = ContentType.objects.get_for_id(content_type_id)
+        except ContentType.DoesNotExist:
+            raise Http404("No such content type.") from None
+        data = timeline.build(content_type, object_id)
+        record_url = None
+        model = content_type.model_class()
+        model_admin = self.admin_site._registry.get(model) if model is not None else None
+        if (
+            model_admin is not None
+            and data.identity.exists
+            and model_admin.has_view_or_change_permission(request)
+        ):
+            record_url = reverse(
+                f"admin:{content_type.app_label}_{content_type.model}_change",
+                args=(quote(object_id),),
+                current_app=self.admin_site.name,
+            )
+        jobs_url = reverse("admin:tombstones_job_changelist") + (
+            f"?content_type={content_type.pk}&object_id={object_id}"
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Timeline of {data.identity.model_label}:{object_id}",
+            "opts": self.opts,
+            "timeline": data,
+            "identity": data.identity,
+            "svg": data.svg,
+            "legend": [
+                (label, timeline.STATUS_COLOURS[value]) for value, label in Job.Status.choices
+            ],
+            "record_url": record_url,
+            "jobs_url": jobs_url,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "tombstones/admin/timeline.html", context)
+
+    # --- the dashboard ------------------------------------------------------------------------
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not (
+            self.has_view_permission(request) or request.user.has_perm("tombstones.view_dashboard")
+        ):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Job dashboard",
+            "opts": self.opts,
+            "now": timezone.now(),
+            **dashboard.context(),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "tombstones/admin/dashboard.html", context)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "created_at",
+        "event",
+        "job_link",
+        "record",
+        "reason_code",
+        "expected",
+        "found",
+    )
+    list_filter = ("event", "reason", "created_at")
+    search_fields = ("=object_id",)
+    search_help_text = "Job id (#42) or record pk (7 or customers.customer:7)."
+    list_select_related = ("content_type",)
+    fields = (
+        "id",
+        "created_at",
+        "event",
+        "job_link",
+        "record",
+        "reason_code",
+        "expected",
+        "found",
+        "worker",
+    )
+    readonly_fields = fields
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobEvent], search_term: str
+    ) -> tuple[QuerySet[JobEvent], bool]:
+        return search_ids(queryset, search_term, "job_id"), False
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, obj: JobEvent) -> str:
+        url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
+        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+
+    @admin.display(description="record", ordering="object_id")
+    def record(self, obj: JobEvent) -> str:
+        return _record_link(obj)
+
+    @admin.display(description="reason", ordering="reason")
+    def reason_code(self, obj: JobEvent) -> str:
+        return obj.reason or "-"
+
+    @admin.display(description="expected")
+    def expected(self, obj: JobEvent) -> str:
+        return _gv(obj.expected_generation, obj.expected_version)
+
+    @admin.display(description="found")
+    def found(self, obj: JobEvent) -> str:
+        return _gv(obj.found_generation, obj.found_version)
+
+
+def _csv_cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    # A spreadsheet must never evaluate a cell (CSV injection): ids only, but be safe.
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+# The rejection log's columns, shared by the list and the CSV export: (header, value).
+REJECTION_COLUMNS: tuple[tuple[str, Callable[[Rejection], Any]], ...] = (
+    ("timestamp", lambda r: r.created_at.isoformat()),
+    ("reason", lambda r: r.reason),
+    ("job id", lambda r: r.job_id),
+    ("record", _record_ref),
+    ("expected generation", lambda r: r.expected_generation),
+    ("expected version", lambda r: r.expected_version),
+    ("found generation", lambda r: r.found_generation),
+    ("found version", lambda r: r.found_version),
+)
+
+
+@admin.register(Rejection)
+class RejectionAdmin(ReadOnlyAdmin):
+    list_display = (
+        "timestamp",
+        "reason_code",
+        "job_link",
+        "record",
+        "expected_generation",
+        "expected_version",
+        "found_generation",
+        "found_version",
+    )
+    list_display_links = ("timestamp",)
+    list_filter = ("reason", "created_at")
+    search_fields = ("=object_id",)
+    search_help_text = "Job id (#42) or record pk (7 or customers.customer:7)."
+    list_select_related = ("content_type",)
+    date_hierarchy = "created_at"
+    fields = (
+        "timestamp",
+        "reason_code",
+        "job_link",
+        "record",
+        "expected_generation",
+        "expected_version",
+        "found_generation",
+        "found_version",
+        "worker",
+    )
+    readonly_fields = fields
+    change_list_template = "tombstones/admin/rejection_change_list.html"
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Rejection], search_term: str
+    ) -> tuple[QuerySet[Rejection], bool]:
+        return search_ids(queryset, search_term, "job_id"), False
+
+    @admin.display(description="timestamp", ordering="created_at")
+    def timestamp(self, obj: Rejection) -> Any:
+        return obj.created_at
+
+    @admin.display(description="reason", ordering="reason")
+    def reason_code(self, obj: Rejection) -> str:
+        return obj.reason
+
+    @admin.display(description="job id", ordering="job_id")
+    def job_link(self, obj: Rejection) -> str:
+        url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
+        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+
+    @admin.display(description="record", ordering="object_id")
+    def record(self, obj: Rejection) -> str:
+        return _record_link(obj)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "export.csv",
+                self.admin_site.admin_view(self.export_csv),
+                name="tombstones_rejection_export",
+            ),
+            *super().get_urls(),
+        ]
+
+    def export_csv(self, request: HttpRequest) -> HttpResponse:
+        """The rejection log as CSV: the list's columns, its filters and search applied."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponse("Invalid filter.", status=400, content_type="text/plain")
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        response["Content-Disposition"] = f'attachment; filename="rejections-{stamp}.csv"'
+        writer = csv.writer(response)
+        writer.writerow([header for header, _ in REJECTION_COLUMNS])
+        for row in changelist.queryset.iterator(chunk_size=2000):
+            writer.writerow([_csv_cell(value(row)) for _, value in REJECTION_COLUMNS])
+        return response
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(ReadOnlyAdmin):
+    """The dashboard's entry in the admin index; the page itself is JobAdmin's dashboard view."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return user.has_perm("tombstones.view_dashboard") or user.has_perm("tombstones.view_job")
+
+    def get_urls(self) -> list[URLPattern]:
+        # Only the entry point: a proxy of Job must not grow a second, unguarded job page.
+        return [
+            path(
+                "",
+                self.admin_site.admin_view(self.changelist_view),
+                name="tombstones_dashboard_changelist",
+            )
+        ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(reverse("admin:tombstones_job_dashboard"))

@@ -1,0 +1,232 @@
+"""Staff decisions on jobs, offered by the admin: each one a conditional status change.
+
+Every change goes through :func:`tombstones.ledger.transition` (a conditional UPDATE that writes
+a JobEvent and an outcome log line with ids only), so two staff members acting at once, or a
+worker claiming the job meanwhile, can never both win. Nothing here repeats an external call by
+itself: an uncertain job is resent at most once, as the same job, so the external system
+receives the same idempotency key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
+
+from . import ledger
+from .dispatch import wake
+from .models import Job, JobEvent
+
+Status = Job.Status
+Reason = Job.Reason
+Event = JobEvent.Event
+
+
+@dataclass(frozen=True)
+class StaffAction:
+    """One decision staff may take on one job."""
+
+    slug: str  # in the URL: /admin/tombstones/job/<id>/act/<slug>/
+    permission: str  # codename on tombstones.Job
+    title: str  # the button
+    explanation: str  # the confirmation page says exactly what will happen
+    from_status: tuple[str, ...]  # the job must still be in one of these when confirmed
+    perform: Callable[[Job, str], bool]  # (job, status seen on the confirmation page) -> applied
+
+
+def _lane_head_only() -> Q:
+    # The job is still the head of its lane: no earlier unfinished job in the same lane.
+    earlier = Job.objects.filter(
+        lane=OuterRef("lane"), id__lt=OuterRef("id"), status__in=Job.UNFINISHED
+    )
+    return ~Q(Exists(earlier))
+
+
+def _never_resent() -> Q:
+    return ~Q(Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), event=Event.RESOLVED)))
+
+
+def was_resent(job: Job) -> bool:
+    """True once staff resolved this job before (a resend may happen once only)."""
+    return JobEvent.objects.using(job._state.db).filter(job=job, event=Event.RESOLVED).exists()
+
+
+def _after_commit(job: Job, func: Callable[[], object]) -> None:
+    transaction.on_commit(func, using=job._state.db)
+
+
+def _wake_next(job: Job) -> None:
+    from .worker import wake_next
+
+    lane, db = job.lane, job._state.db
+    _after_commit(job, lambda: wake_next(lane, db))
+
+
+def resolve_delivered(job: Job, seen: str) -> bool:
+    """Staff checked the external system: the call landed. The job becomes a success."""
+    return ledger.transition(
+        job, Status.SUCCEEDED, Reason.NONE, from_status=(seen,), event=Event.RESOLVED
+    )
+
+
+def resolve_resend(job: Job, seen: str) -> bool:
+    """Staff checked: the call did not land. Queue the SAME job again, once; same idempotency key.
+
+    The worker repeats the whole check before sending, so a record deleted meanwhile is still
+    rejected.
+    """
+    applied = ledger.transition(
+        job,
+        Status.QUEUED,
+        Reason.OUTCOME_UNKNOWN,  # why it runs again; the worker clears it when it claims
+        from_status=(seen,),
+        event=Event.RESOLVED,
+        extra_filter=_never_resent(),
+        finished_at=None,
+        run_after=Now(),
+        sending_at=None,
+        sent_at=None,
+        claim_token="",
+        lease_expires_at=None,
+    )
+    if applied:
+        _after_commit(job, partial(wake, job.pk))
+    return applied
+
+
+def resolve_abandon(job: Job, seen: str) -> bool:
+    """Staff checked: the call did not land, and it must not be sent again."""
+    return ledger.transition(
+        job,
+        Status.CANCELLED,
+        Reason.CANCELLED_BY_STAFF,
+        from_status=(seen,),
+        event=Event.RESOLVED,
+    )
+
+
+def resume(job: Job, seen: str) -> bool:
+    """A paused job goes back to the queue; its check runs again from scratch."""
+    applied = ledger.transition(
+        job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED
+    )
+    if applied:
+        _after_commit(job, partial(wake, job.pk))
+    return applied
+
+
+def cancel(job: Job, seen: str) -> bool:
+    """A queued (or retry-waiting) job will not run; its lane moves on."""
+    applied = ledger.transition(
+        job,
+        Status.CANCELLED,
+        Reason.CANCELLED_BY_STAFF,
+        from_status=(seen,),
+        event=Event.CANCELLED,
+        lease_expires_at=None,
+    )
+    if applied:
+        _wake_next(job)
+    return applied
+
+
+def skip_head(job: Job, seen: str) -> bool:
+    """The blocked head of a lane is cancelled so the jobs behind it can run."""
+    applied = ledger.transition(
+        job,
+        Status.CANCELLED,
+        Reason.CANCELLED_BY_STAFF,
+        from_status=(seen,),
+        event=Event.SKIPPED,
+        extra_filter=_lane_head_only(),
+        lease_expires_at=None,
+    )
+    if applied:
+        _wake_next(job)
+    return applied
+
+
+ACTIONS: dict[str, StaffAction] = {
+    action.slug: action
+    for action in (
+        StaffAction(
+            "resolve-delivered",
+            "resolve_job",
+            "Resolve: delivered",
+            "You checked the external system and the call landed. The job is marked succeeded; "
+            "nothing is sent.",
+            (Status.UNCERTAIN,),
+            resolve_delivered,
+        ),
+        StaffAction(
+            "resolve-resend",
+            "resolve_job",
+            "Resolve: not delivered, resend once",
+            "You checked the external system and the call did not land. The same job is queued "
+            "once more with the same idempotency key; the worker checks the record again before "
+            "sending. This can be done once per job.",
+            (Status.UNCERTAIN,),
+            resolve_resend,
+        ),
+        StaffAction(
+            "resolve-abandon",
+            "resolve_job",
+            "Resolve: not delivered, do not resend",
+            "You checked the external system and the call did not land; it must not be sent. "
+            "The job is cancelled.",
+            (Status.UNCERTAIN,),
+            resolve_abandon,
+        ),
+        StaffAction(
+            "resume",
+            "resume_job",
+            "Resume",
+            "The paused job is queued again; the worker repeats the whole check.",
+            (Status.PAUSED,),
+            resume,
+        ),
+        StaffAction(
+            "cancel",
+            "cancel_job",
+            "Cancel",
+            "The job will not run. Later jobs of its lane may then run.",
+            (Status.QUEUED, Status.RETRY_WAIT),
+            cancel,
+        ),
+        StaffAction(
+            "skip",
+            "skip_lane_head",
+            "Skip lane head",
+            "This job is the head of its lane and blocks the jobs behind it. It is cancelled and "
+            "the next job of the lane is woken.",
+            (Status.QUEUED, Status.RETRY_WAIT, Status.PAUSED),
+            skip_head,
+        ),
+    )
+}
+
+
+def available(job: Job) -> list[StaffAction]:
+    """The actions that make sense for the job's current state (permissions not considered)."""
+    found = []
+    for action in ACTIONS.values():
+        if job.status not in action.from_status:
+            continue
+        if action.slug == "resolve-resend" and was_resent(job):
+            continue
+        if action.slug == "skip" and not is_lane_head(job):
+            continue
+        found.append(action)
+    return found
+
+
+def is_lane_head(job: Job) -> bool:
+    return (
+        not Job.objects.using(job._state.db)
+        .filter(lane=job.lane, id__lt=job.pk, status__in=Job.UNFINISHED)
+        .exists()
+    )
