@@ -78,6 +78,10 @@ _SETTINGS: dict[str, _Setting] = {
     "SWEEP_MINUTES": _Setting(1, "int", 1),
     # How many jobs of one lane a worker runs in one wake-up before handing the lane back.
     "LANE_DRAIN": _Setting(50, "int", 1),
+    # Fast path: lane heads claimed per batch after a wake-up (0 turns batching off), and the
+    # most jobs one wake-up runs through batches before handing the rest to another message.
+    "BATCH_SIZE": _Setting(20, "int", 0),
+    "WAKE_BUDGET": _Setting(500, "int", 1),
     # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
     "Q_OPTIONS": _Setting({}, "dict"),
     # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
@@ -134,6 +138,14 @@ class TombstoneSettings:
     @property
     def LANE_DRAIN(self) -> int:
         return int(self._get("LANE_DRAIN"))
+
+    @property
+    def BATCH_SIZE(self) -> int:
+        return int(self._get("BATCH_SIZE"))
+
+    @property
+    def WAKE_BUDGET(self) -> int:
+        return int(self._get("WAKE_BUDGET"))
 
     @property
     def Q_OPTIONS(self) -> dict[str, Any]:

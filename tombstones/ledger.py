@@ -13,8 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.functions import Now
 
 from .conf import tombstone_settings
@@ -122,6 +122,108 @@ def claim(job_id: int, *, using: str | None = None) -> Claim | None:
     return Claim(job=job, token=token, worker=wid)
 
 
+def claim_batch(limit: int, *, using: str | None = None) -> list[Claim]:
+    """Take the lease on up to ``limit`` lane heads at once (one token for the batch).
+
+    PostgreSQL: the candidates are locked with SKIP LOCKED so concurrent workers take disjoint
+    sets; SQLite serialises writers (IMMEDIATE transactions). The UPDATE re-checks "claimable and
+    head of its lane", and the unique running-lane index stays the last word.
+    """
+    token = uuid.uuid4().hex
+    wid = worker_id()
+    db = using or router.db_for_write(Job)
+    try:
+        with transaction.atomic(using=db):
+            candidates = claimable(db).order_by("id")
+            if connections[db].features.has_select_for_update_skip_locked:
+                candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+            ids = list(candidates.values_list("id", flat=True)[:limit])
+            if not ids:
+                return []
+            matched = (
+                claimable(db)
+                .filter(pk__in=ids)
+                .update(
+                    status=Status.RUNNING,
+                    reason=Reason.NONE,
+                    owner=wid,
+                    claim_token=token,
+                    attempts=F("attempts") + 1,
+                    started_at=Now(),
+                    lease_expires_at=lease_until(),
+                    sending_at=None,
+                )
+            )
+    except IntegrityError:
+        return []
+    if not matched:
+        return []
+    jobs = (
+        Job.objects.using(db)
+        .select_related("content_type")
+        .filter(claim_token=token, status=Status.RUNNING)
+    )
+    return [Claim(job=job, token=token, worker=wid) for job in jobs.order_by("id")]
+
+
+def finish_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:
+    """Record many successes in one UPDATE and one INSERT (inside the writes' transaction).
+
+    Raises LeaseLost unless every claim is still ours, so a zombie's batch rolls back whole.
+    """
+    if not claims:
+        return
+    db = claims[0].job._state.db
+    ids = [c.job.pk for c in claims]
+    tokens = {c.token for c in claims}
+    matched = (
+        Job.objects.using(db)
+        .filter(pk__in=ids, status=Status.RUNNING, claim_token__in=tokens)
+        .update(
+            status=Status.SUCCEEDED,
+            reason=Reason.NONE,
+            finished_at=Now(),
+            lease_expires_at=None,
+            claim_token="",
+            error_class="",
+            found_generation=Case(*(When(pk=i, then=Value(g)) for i, (g, _) in found.items())),
+            found_version=Case(*(When(pk=i, then=Value(v)) for i, (_, v) in found.items())),
+        )
+    )
+    if matched != len(ids):
+        raise LeaseLost(ids)
+    events = []
+    for claim in claims:
+        job = claim.job
+        job.status, job.reason = Status.SUCCEEDED, Reason.NONE
+        g, v = found[job.pk]
+        for event, seen in (
+            (Event.CLAIMED, (None, None)),
+            ("checked", (g, v)),
+            (Event.SUCCEEDED, (g, v)),
+        ):
+            events.append(_event_row(job, event, Reason.NONE, seen, claim.worker))
+        announce(job, Status.SUCCEEDED, Reason.NONE, (g, v))
+    JobEvent.objects.using(db).bulk_create(events)
+
+
+def _event_row(
+    job: Job, event: str, reason: str, found: tuple[int | None, int | None], worker: str
+) -> JobEvent:
+    return JobEvent(
+        job_id=job.pk,
+        content_type_id=job.content_type_id,
+        object_id=job.object_id,
+        event=event,
+        reason=reason,
+        expected_generation=job.generation,
+        expected_version=job.version,
+        found_generation=found[0],
+        found_version=found[1],
+        worker=worker,
+    )
+
+
 def extend_lease(claim: Claim) -> bool:
     """Push the lease forward (database clock); False if it was taken over."""
     return bool(_mine(claim).update(lease_expires_at=lease_until()))
@@ -212,18 +314,7 @@ def add_event(
     found: tuple[int | None, int | None] = (None, None),
     worker: str = "",
 ) -> None:
-    JobEvent.objects.using(job._state.db).create(
-        job_id=job.pk,
-        content_type_id=job.content_type_id,
-        object_id=job.object_id,
-        event=event,
-        reason=reason,
-        expected_generation=job.generation,
-        expected_version=job.version,
-        found_generation=found[0],
-        found_version=found[1],
-        worker=worker,
-    )
+    _event_row(job, event, reason, found, worker).save(using=job._state.db)
 
 
 def record_ref(content_type_id: int, object_id: str) -> str:

@@ -11,7 +11,7 @@ from django.db import connections
 from django.db.models import Q, Value
 from django.db.models.functions import Now
 
-from . import ledger, phases
+from . import batch, ledger, phases
 from .conf import tombstone_settings
 from .dispatch import wake
 from .models import Job
@@ -26,7 +26,12 @@ def run(job_id: int) -> dict[str, Any]:
     """Entry point called by django-q2 with the job id (the message carries nothing else)."""
     _close_old_connections()
     try:
-        return run_job(job_id)
+        result = run_job(job_id)
+        # One message serves many jobs: claim further lane heads in batches (the fast path).
+        carried = batch.pump()
+        if carried:
+            result["carried"] = [[o.job_id, str(o.status), str(o.reason)] for o in carried]
+        return result
     finally:
         _close_old_connections()
 
@@ -51,12 +56,16 @@ def run_job(job_id: int, *, using: str | None = None) -> dict[str, Any]:
 
 def _run_claimed(attempt: phases.Attempt) -> phases.Outcome:
     """check then act (as phases.run_claimed), with the worker's hook signals in between."""
-    job_claimed.send(sender=Job, job=attempt.job)
-    stopped = phases.check(attempt)
-    if stopped is not None:
-        return stopped
-    job_checked.send(sender=Job, job=attempt.job)
-    return phases.act(attempt)
+    try:
+        job_claimed.send(sender=Job, job=attempt.job)
+        stopped = phases.check(attempt)
+        if stopped is not None:
+            return stopped
+        job_checked.send(sender=Job, job=attempt.job)
+        return phases.act(attempt)
+    except ledger.LeaseLost:
+        # Taken over while we held it: write nothing more, report nothing as ours.
+        return phases.Outcome(attempt.job.pk, Job.Status.RUNNING, Job.Reason.LEASE_EXPIRED)
 
 
 def _drain(lane: str, using: str | None) -> int:
@@ -122,11 +131,30 @@ def wake_next(lane: str, using: str | None) -> None:
         wake(head)
 
 
+def carried_statuses(result: Any) -> list[tuple[Any, str]]:
+    """(job id, status) of every job a worker task ran: the named one and those it carried."""
+    if not isinstance(result, dict):
+        return []
+    found = []
+    if result.get("claimed"):
+        found.append((result.get("job"), str(result.get("status"))))
+    found += [(row[0], str(row[1])) for row in result.get("carried", ()) if len(row) >= 2]
+    return found
+
+
 def mark_q_task(sender: Any, task: dict[str, Any], **kwargs: Any) -> None:
-    """django-q2 ``post_execute_in_worker`` receiver: store a non-success job as a failed task."""
+    """django-q2 ``post_execute_in_worker`` receiver: keep its task table honest.
+
+    A task that carried any job not ending in success is stored as a failure; a wake-up that ran
+    nothing (a duplicate or blocked-lane message) is not stored at all.
+    """
     func = task.get("func")
     if func != "tombstones.worker.run" and func is not run:
         return
-    result = task.get("result")
-    if task.get("success") and isinstance(result, dict) and result.get("status") not in Q_SUCCESS:
+    if not task.get("success"):
+        return
+    statuses = carried_statuses(task.get("result"))
+    if not statuses:
+        task["save"] = False
+    elif any(status not in Q_SUCCESS for _, status in statuses):
         task["success"] = False

@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 
 from tombstones.conf import tombstone_settings
 from tombstones.models import Job
-from tombstones.worker import Q_SUCCESS
+from tombstones.worker import Q_SUCCESS, carried_statuses
 
 TASK_FUNC = "tombstones.worker.run"
 
@@ -68,20 +68,22 @@ class Command(BaseCommand):
         from django_q.models import Task
 
         found: list[str] = []
-        statuses = dict(Job.objects.using(db).values_list("pk", "status").iterator())
-        for args, result in (
-            Task.objects.using(db)
-            .filter(func=TASK_FUNC, success=True)
-            .values_list("args", "result")
-        ):
-            job_id: Any = args[0] if args else None
-            status = result.get("status") if isinstance(result, dict) else None
+        claims: list[tuple[Any, str]] = []
+        tasks = Task.objects.using(db).filter(func=TASK_FUNC, success=True)
+        for (result,) in tasks.values_list("result").iterator():
+            claims += carried_statuses(result)
+        ledger = dict(
+            Job.objects.using(db)
+            .filter(pk__in={job_id for job_id, _ in claims})
+            .values_list("pk", "status")
+        )
+        for job_id, status in claims:
             if status not in Q_SUCCESS:
                 found.append(f"job {job_id}: django-q2 task stored as success with status {status}")
-            elif status == Job.Status.SUCCEEDED and statuses.get(job_id) != Job.Status.SUCCEEDED:
+            elif status == Job.Status.SUCCEEDED and ledger.get(job_id) != Job.Status.SUCCEEDED:
                 found.append(
                     f"job {job_id}: django-q2 task says succeeded, the ledger says "
-                    f"{statuses.get(job_id)}"
+                    f"{ledger.get(job_id)}"
                 )
         return found
 

@@ -1,0 +1,199 @@
+"""The fast path: batched claims, writes and outcomes keep every guarantee of the classic path."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+import tombstones
+from project.customers.models import Customer
+from tests.factories import CustomerFactory
+from tests.jobkit import temp_handler
+from tombstones import batch, ledger, worker
+from tombstones.models import Job
+
+pytestmark = pytest.mark.django_db
+
+Status = Job.Status
+
+
+def _touch(ctx: Any) -> None:
+    ctx.update(phone=f"+{ctx.job.pk}")
+
+
+@pytest.fixture
+def queued(settings: Any) -> Any:
+    """Jobs enqueued without running (the ORM broker holds their messages; no worker runs)."""
+    settings.TOMBSTONES_Q_OPTIONS = {}
+
+    def make(count: int, handler: str = "t.touch", **kwargs: Any) -> list[Job]:
+        return [tombstones.enqueue(handler, CustomerFactory(), **kwargs) for _ in range(count)]
+
+    with temp_handler("t.touch", _touch):
+        yield make
+
+
+def test_batch__one_wake_runs_every_due_job_in_few_statements(queued: Any, settings: Any) -> None:
+    settings.TOMBSTONES_BATCH_SIZE = 20
+    jobs = queued(40)
+    with CaptureQueriesContext(connection) as queries:
+        worker.run(jobs[0].pk)
+    assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
+    assert Customer.objects.filter(version=2).count() == 40
+    per_job = len(queries) / 40
+    print(f"fast path: {per_job:.2f} statements per job")
+    assert per_job <= 4, f"{per_job:.2f} statements per job"
+    assert list(jobs[5].events.values_list("event", flat=True)) == [
+        "enqueued",
+        "claimed",
+        "checked",
+        "succeeded",
+    ]
+
+
+def test_batch__off_the_happy_path_jobs_take_the_classic_path(queued: Any) -> None:
+    good = queued(3)
+    deleted = queued(1)[0]
+    Customer.objects.filter(pk=deleted.object_id).delete()
+
+    def broken(ctx: Any) -> None:
+        ctx.update(phone="+1")
+        raise ValueError("boom")
+
+    with temp_handler("t.broken_batch", broken):
+        failing = queued(1, handler="t.broken_batch")[0]
+        outcomes = batch.run_batch(ledger.claim_batch(10))
+    by_job = {o.job_id: (o.status, o.reason) for o in outcomes}
+    assert by_job[deleted.pk] == (Status.REJECTED, "source_deleted")
+    assert by_job[failing.pk] == (Status.FAILED, "handler_error")
+    assert all(by_job[j.pk] == (Status.SUCCEEDED, "") for j in good)
+    assert Customer.objects.get(pk=failing.object_id).version == 1  # its write rolled back
+
+
+def test_batch__a_lost_fence_rolls_back_the_batch_and_rereads(queued: Any) -> None:
+    jobs = queued(3)
+    victim = Customer.objects.get(pk=jobs[1].object_id)
+    seen: list[int] = []
+
+    def racing(ctx: Any) -> None:
+        seen.append(ctx.job.pk)
+        if ctx.job.pk == jobs[0].pk and len(seen) == 1:
+            # Another writer bumps a record the batch is about to write.
+            Customer.objects.filter(pk=victim.pk).update()
+        ctx.update(phone="+5")
+
+    with temp_handler("t.racing", racing):
+        Job.objects.update(handler="t.racing")
+        outcomes = batch.run_batch(ledger.claim_batch(10))
+    assert {o.status for o in outcomes} == {Status.SUCCEEDED}
+    victim.refresh_from_db()
+    # The bump was rolled back with the batch; the classic pass then wrote it once.
+    assert victim.version == 2
+    assert victim.phone == "+5"
+
+
+def test_batch__claims_only_lane_heads_and_keeps_order(queued: Any) -> None:
+    customer = CustomerFactory()
+    first = tombstones.enqueue("t.touch", customer)
+    second = tombstones.enqueue("t.touch", customer)
+    claims = ledger.claim_batch(10)
+    assert [c.job.pk for c in claims] == [first.pk]
+    batch.run_batch(claims)
+    claims = ledger.claim_batch(10)
+    assert [c.job.pk for c in claims] == [second.pk]
+    batch.run_batch(claims)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.finished_at <= second.started_at
+
+
+def test_batch__a_zombie_batch_writes_nothing(queued: Any) -> None:
+    jobs = queued(3)
+    claims = ledger.claim_batch(10)
+    # The worker stalls; its lease runs out and the sweep hands the jobs to someone else.
+    Job.objects.update(lease_expires_at=Now() - Value(timedelta(seconds=1)))
+    from tombstones.sweep import sweep
+
+    assert sweep(dispatch=False)["requeued"] == 3
+    again = ledger.claim_batch(10)
+    assert len(again) == 3
+    outcomes = batch.run_batch(claims)  # the zombie wakes up
+    assert {(o.status, o.reason) for o in outcomes} == {(Status.RUNNING, "lease_expired")}
+    assert Customer.objects.filter(version=1).count() == 3
+    batch.run_batch(again)
+    assert Customer.objects.filter(version=2).count() == 3
+    assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
+    assert all(j.events.filter(event="succeeded").count() == 1 for j in jobs)
+
+
+def test_q_task__carried_failures_fail_the_task_and_idle_wakes_are_not_stored() -> None:
+    ok = {
+        "func": "tombstones.worker.run",
+        "success": True,
+        "result": {
+            "job": 1,
+            "status": "succeeded",
+            "claimed": True,
+            "carried": [[2, "succeeded", ""]],
+        },
+    }
+    worker.mark_q_task(None, ok)
+    assert ok["success"] is True
+    bad = {
+        "func": "tombstones.worker.run",
+        "success": True,
+        "result": {
+            "job": 1,
+            "status": "succeeded",
+            "claimed": True,
+            "carried": [[2, "rejected", "x"]],
+        },
+    }
+    worker.mark_q_task(None, bad)
+    assert bad["success"] is False
+    idle = {
+        "func": "tombstones.worker.run",
+        "success": True,
+        "result": {"job": 3, "status": "rejected", "claimed": False},
+    }
+    worker.mark_q_task(None, idle)
+    assert idle["save"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_batch_claims__two_workers_take_disjoint_sets(postgres_only: None, settings: Any) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    with temp_handler("t.touch", _touch):
+        customers = [CustomerFactory() for _ in range(6)]
+        for _round in range(50):
+            Job.objects.all().delete()
+            for customer in customers:  # two jobs per lane
+                tombstones.enqueue("t.touch", customer)
+                tombstones.enqueue("t.touch", customer)
+            barrier = threading.Barrier(2)
+            taken: list[list[int]] = [[], []]
+
+            def claim(slot: int) -> None:
+                try:
+                    barrier.wait(timeout=10)
+                    taken[slot] = [c.job.pk for c in ledger.claim_batch(4)]
+                finally:
+                    connection.close()
+
+            threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=30)
+            assert not set(taken[0]) & set(taken[1])
+            running = list(Job.objects.filter(status=Status.RUNNING).values_list("lane", flat=True))
+            assert len(running) == len(set(running))  # never two running in one lane
+            assert len(running) == len(taken[0]) + len(taken[1])
