@@ -134,7 +134,9 @@ def claim_batch(limit: int, *, using: str | None = None) -> list[Claim]:
     db = using or router.db_for_write(Job)
     try:
         with transaction.atomic(using=db):
-            candidates = claimable(db).order_by("id")
+            # External calls stay one per message: a batch runs its jobs one after the other, and
+            # slow sends must spread over the workers.
+            candidates = claimable(db).filter(external=False).order_by("id")
             if connections[db].features.has_select_for_update_skip_locked:
                 candidates = candidates.select_for_update(skip_locked=True, of=("self",))
             ids = list(candidates.values_list("id", flat=True)[:limit])

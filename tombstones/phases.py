@@ -204,6 +204,9 @@ def _after_conflict(attempt: Attempt) -> Outcome | None:
         return _reject_for(attempt, seen)
     if job.rereads >= tombstone_settings.STALE_REREADS:
         return _retry(attempt, Reason.STALE_VERSION)
+    if not ledger.extend_lease(attempt.claim):
+        # Taken over while we were rolled back: a zombie appends nothing, not even a re-read.
+        return Outcome(job.pk, Status.RUNNING, Reason.LEASE_EXPIRED)
     job.rereads += 1
     ledger.add_event(
         job,
