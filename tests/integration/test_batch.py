@@ -181,7 +181,9 @@ def test_batch_claims__two_workers_take_disjoint_sets(postgres_only: None, setti
             barrier = threading.Barrier(2)
             taken: list[list[int]] = [[], []]
 
-            def claim(slot: int) -> None:
+            def claim(
+                slot: int, barrier: threading.Barrier = barrier, taken: list[list[int]] = taken
+            ) -> None:
                 try:
                     barrier.wait(timeout=10)
                     taken[slot] = [c.job.pk for c in ledger.claim_batch(4)]
