@@ -92,26 +92,27 @@ def claimable(using: str | None = None) -> Any:
     )
 
 
+def _claimed_by(worker: str, token: str) -> dict[str, Any]:
+    """The columns a claim sets: running, leased in database time, one more attempt."""
+    return {
+        "status": Status.RUNNING,
+        "reason": Reason.NONE,
+        "owner": worker,
+        "claim_token": token,
+        "attempts": F("attempts") + 1,
+        "started_at": Now(),
+        "lease_expires_at": lease_until(),
+        "sending_at": None,
+    }
+
+
 def claim(job_id: int, *, using: str | None = None) -> Claim | None:
     """Take the lease on one job with a conditional UPDATE; None when it is not claimable."""
     token = uuid.uuid4().hex
     wid = worker_id()
     try:
         with transaction.atomic(using=using):
-            matched = (
-                claimable(using)
-                .filter(pk=job_id)
-                .update(
-                    status=Status.RUNNING,
-                    reason=Reason.NONE,
-                    owner=wid,
-                    claim_token=token,
-                    attempts=F("attempts") + 1,
-                    started_at=Now(),
-                    lease_expires_at=lease_until(),
-                    sending_at=None,
-                )
-            )
+            matched = claimable(using).filter(pk=job_id).update(**_claimed_by(wid, token))
     except IntegrityError:
         # The unique running-lane index refused a second running job in this lane.
         return None
@@ -142,20 +143,7 @@ def claim_batch(limit: int, *, using: str | None = None) -> list[Claim]:
             ids = list(candidates.values_list("id", flat=True)[:limit])
             if not ids:
                 return []
-            matched = (
-                claimable(db)
-                .filter(pk__in=ids)
-                .update(
-                    status=Status.RUNNING,
-                    reason=Reason.NONE,
-                    owner=wid,
-                    claim_token=token,
-                    attempts=F("attempts") + 1,
-                    started_at=Now(),
-                    lease_expires_at=lease_until(),
-                    sending_at=None,
-                )
-            )
+            matched = claimable(db).filter(pk__in=ids).update(**_claimed_by(wid, token))
     except IntegrityError:
         return []
     if not matched:
