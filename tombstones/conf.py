@@ -82,6 +82,9 @@ _SETTINGS: dict[str, _Setting] = {
     # most jobs one wake-up runs through batches before handing the rest to another message.
     "BATCH_SIZE": _Setting(20, "int", 0),
     "WAKE_BUDGET": _Setting(500, "int", 1),
+    # Skip the message of an internal job while another message waits in the broker (its pump
+    # will run the job). Only for a django-q2 queue that carries nothing but tombstones jobs.
+    "COALESCE_WAKES": _Setting(False, "bool"),
     # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
     "Q_OPTIONS": _Setting({}, "dict"),
     # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
@@ -99,6 +102,10 @@ class TombstoneSettings:
             return _as_timedelta(name, value)
         if spec.kind == "int":
             return _as_int(name, value, int(spec.minimum))
+        if spec.kind == "bool":
+            if not isinstance(value, bool):
+                raise ImproperlyConfigured(f"TOMBSTONES_{name} must be True or False.")
+            return value
         if spec.kind == "float":
             return _as_float(name, value, spec.minimum)
         return _as_dict(name, value)
@@ -146,6 +153,10 @@ class TombstoneSettings:
     @property
     def WAKE_BUDGET(self) -> int:
         return int(self._get("WAKE_BUDGET"))
+
+    @property
+    def COALESCE_WAKES(self) -> bool:
+        return bool(self._get("COALESCE_WAKES"))
 
     @property
     def Q_OPTIONS(self) -> dict[str, Any]:

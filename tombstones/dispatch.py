@@ -88,8 +88,44 @@ def enqueue(
             expected_version=version,
         )
     job_id = job.pk
-    transaction.on_commit(lambda: wake(job_id), using=db)
+    if found.external:
+        transaction.on_commit(lambda: wake(job_id), using=db)
+    else:
+        transaction.on_commit(lambda: wake_unless_pending(job_id), using=db)
     return job
+
+
+def wake_unless_pending(job_id: int) -> str | None:
+    """Wake a worker for an internal job, unless a message already waiting will pick it up.
+
+    With TOMBSTONES_COALESCE_WAKES (a django-q2 queue that carries tombstones jobs only), any
+    waiting message runs the fast path's pump, which claims every due internal lane head,
+    including this job (committed before we looked). A lost message is the sweep's to repair.
+    """
+    if (
+        tombstone_settings.COALESCE_WAKES
+        and tombstone_settings.BATCH_SIZE
+        and not tombstone_settings.Q_OPTIONS.get("sync", _q_sync())
+        and _waiting_messages() > 0
+    ):
+        return None
+    return wake(job_id)
+
+
+def _q_sync() -> bool:
+    from django_q.conf import Conf
+
+    return bool(Conf.SYNC)
+
+
+def _waiting_messages() -> int:
+    """Messages in the broker not yet taken by a cluster (0 when that cannot be told)."""
+    from django_q.brokers import get_broker
+
+    try:
+        return int(get_broker(tombstone_settings.Q_OPTIONS.get("cluster")).queue_size() or 0)
+    except Exception:  # noqa: BLE001 - unknown means "send the message"
+        return 0
 
 
 def wake(job_id: int) -> str | None:

@@ -133,16 +133,22 @@ def claim_batch(limit: int, *, using: str | None = None) -> list[Claim]:
     token = uuid.uuid4().hex
     wid = worker_id()
     db = using or router.db_for_write(Job)
+    # External calls stay one per message: a batch runs its jobs one after the other, and slow
+    # sends must spread over the workers.
+    candidates = claimable(db).filter(external=False).order_by("id")
+    skip_locked = connections[db].features.has_select_for_update_skip_locked
+    if not skip_locked:
+        # SQLite: look before taking the write lock, so idle wake-ups don't block enqueuers.
+        ids = list(candidates.values_list("id", flat=True)[:limit])
+        if not ids:
+            return []
     try:
         with transaction.atomic(using=db):
-            # External calls stay one per message: a batch runs its jobs one after the other, and
-            # slow sends must spread over the workers.
-            candidates = claimable(db).filter(external=False).order_by("id")
-            if connections[db].features.has_select_for_update_skip_locked:
-                candidates = candidates.select_for_update(skip_locked=True, of=("self",))
-            ids = list(candidates.values_list("id", flat=True)[:limit])
-            if not ids:
-                return []
+            if skip_locked:
+                locked = candidates.select_for_update(skip_locked=True, of=("self",))
+                ids = list(locked.values_list("id", flat=True)[:limit])
+                if not ids:
+                    return []
             matched = claimable(db).filter(pk__in=ids).update(**_claimed_by(wid, token))
     except IntegrityError:
         return []

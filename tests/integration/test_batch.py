@@ -199,3 +199,31 @@ def test_batch_claims__two_workers_take_disjoint_sets(postgres_only: None, setti
             running = list(Job.objects.filter(status=Status.RUNNING).values_list("lane", flat=True))
             assert len(running) == len(set(running))  # never two running in one lane
             assert len(running) == len(taken[0]) + len(taken[1])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coalesced_wakes__one_waiting_message_serves_every_internal_job(settings: Any) -> None:
+    from django_q.models import OrmQ
+
+    settings.TOMBSTONES_Q_OPTIONS = {}  # the ORM broker; no cluster takes the messages
+    settings.TOMBSTONES_COALESCE_WAKES = True
+    with temp_handler("t.touch", _touch):
+        jobs = [tombstones.enqueue("t.touch", CustomerFactory()) for _ in range(3)]
+        external = tombstones.enqueue("customers.send_welcome", CustomerFactory())
+        messages = [row.task["args"][0] for row in OrmQ.objects.order_by("id")]
+        assert messages == [jobs[0].pk, external.pk]  # the external job keeps its own message
+        worker.run(messages[0])
+    assert set(
+        Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
+    ) == {Status.SUCCEEDED}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coalesced_wakes__off_by_default(settings: Any) -> None:
+    from django_q.models import OrmQ
+
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    with temp_handler("t.touch", _touch):
+        for _ in range(3):
+            tombstones.enqueue("t.touch", CustomerFactory())
+    assert OrmQ.objects.count() == 3
