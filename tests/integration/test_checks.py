@@ -265,6 +265,7 @@ def test_check_settings__malformed_setting_is_e011_and_raises_on_use(name: str, 
     assert f"TOMBSTONES_{name}" in messages[0].msg
 
 
+@pytest.mark.django_db  # Django 6.1's own checks may touch the database
 def test_check_settings__registered_with_django() -> None:
     with override_settings(TOMBSTONES_RETENTION=timedelta(days=1)):
         found = ids(checks.run_checks())
