@@ -26,9 +26,16 @@ def run(job_id: int) -> dict[str, Any]:
     """Entry point called by django-q2 with the job id (the message carries nothing else)."""
     _close_old_connections()
     try:
-        result = run_job(job_id)
-        # One message serves many jobs: claim further lane heads in batches (the fast path).
+        # One message serves many jobs: claim due lane heads in batches first (the fast path);
+        # the named job is usually among them. Then the named job itself, if still waiting
+        # (an external call, or a job the batches did not reach).
         carried = batch.pump()
+        own = next((o for o in carried if o.job_id == job_id), None)
+        if own is not None:
+            carried.remove(own)
+            result = {**own.as_dict(), "claimed": True}
+        else:
+            result = run_job(job_id)
         if carried:
             result["carried"] = [[o.job_id, str(o.status), str(o.reason)] for o in carried]
         return result

@@ -1,0 +1,13 @@
+"""The baseline: the plain django-q2 task a user would write today (no fence, no ledger)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from project.customers.models import Customer
+
+
+def plain_touch(pk: int) -> int:
+    """Unguarded write of the same column the fenced handler writes."""
+    return models.QuerySet(Customer).filter(pk=pk).update(synced_at=timezone.now())
