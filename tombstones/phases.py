@@ -20,6 +20,7 @@ from .exceptions import TransientError, UnknownHandler
 from .fencing import State
 from .models import Job
 from .registry import Handler, get_handler
+from .signals import job_checked, job_claimed
 
 Status = Job.Status
 Reason = Job.Reason
@@ -268,8 +269,14 @@ def _clear_sending(attempt: Attempt) -> None:
 
 
 def run_claimed(attempt: Attempt) -> Outcome:
-    """check then act, for a job already claimed."""
-    stopped = check(attempt)
-    if stopped is not None:
-        return stopped
-    return act(attempt)
+    """check then act, for a job already claimed, with the worker's hook signals in between."""
+    try:
+        job_claimed.send(sender=Job, job=attempt.job)
+        stopped = check(attempt)
+        if stopped is not None:
+            return stopped
+        job_checked.send(sender=Job, job=attempt.job)
+        return act(attempt)
+    except ledger.LeaseLost:
+        # Taken over while we held it: write nothing more, report nothing as ours.
+        return Outcome(attempt.job.pk, Status.RUNNING, Reason.LEASE_EXPIRED)

@@ -15,7 +15,6 @@ from . import batch, ledger, phases
 from .conf import tombstone_settings
 from .dispatch import wake
 from .models import Job
-from .signals import job_checked, job_claimed
 
 # Statuses after which the django-q2 task is recorded as a success; anything else is stored as
 # a failure, so a rejected job never shows up as a success in django-q2's own tables.
@@ -26,16 +25,10 @@ def run(job_id: int) -> dict[str, Any]:
     """Entry point called by django-q2 with the job id (the message carries nothing else)."""
     _close_old_connections()
     try:
-        # One message serves many jobs: claim due lane heads in batches first (the fast path);
-        # the named job is usually among them. Then the named job itself, if still waiting
-        # (an external call, or a job the batches did not reach).
+        # The named job first, through the classic phases (and its lane's next jobs); then one
+        # message serves many: further lane heads are claimed in batches (the fast path).
+        result = run_job(job_id)
         carried = batch.pump()
-        own = next((o for o in carried if o.job_id == job_id), None)
-        if own is not None:
-            carried.remove(own)
-            result = {**own.as_dict(), "claimed": True}
-        else:
-            result = run_job(job_id)
         if carried:
             result["carried"] = [[o.job_id, str(o.status), str(o.reason)] for o in carried]
         return result
@@ -54,25 +47,11 @@ def run_job(job_id: int, *, using: str | None = None) -> dict[str, Any]:
     attempt = phases.claim(job_id, using=using)
     if attempt is None:
         return _not_claimed(job_id, using)
-    outcome = _run_claimed(attempt)
+    outcome = phases.run_claimed(attempt)
     drained = 0
     if outcome.status in Job.TERMINAL:
         drained = _drain(attempt.job.lane, using)
     return {**outcome.as_dict(), "claimed": True, "drained": drained}
-
-
-def _run_claimed(attempt: phases.Attempt) -> phases.Outcome:
-    """check then act (as phases.run_claimed), with the worker's hook signals in between."""
-    try:
-        job_claimed.send(sender=Job, job=attempt.job)
-        stopped = phases.check(attempt)
-        if stopped is not None:
-            return stopped
-        job_checked.send(sender=Job, job=attempt.job)
-        return phases.act(attempt)
-    except ledger.LeaseLost:
-        # Taken over while we held it: write nothing more, report nothing as ours.
-        return phases.Outcome(attempt.job.pk, Job.Status.RUNNING, Job.Reason.LEASE_EXPIRED)
 
 
 def _drain(lane: str, using: str | None) -> int:
@@ -91,7 +70,7 @@ def _drain(lane: str, using: str | None) -> int:
         if attempt is None:
             break
         ran += 1
-        if _run_claimed(attempt).status not in Job.TERMINAL:
+        if phases.run_claimed(attempt).status not in Job.TERMINAL:
             return ran
     wake_next(lane, using)
     return ran
