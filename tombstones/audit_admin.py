@@ -24,7 +24,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import dashboard, operations, timeline
+from . import dashboard, ledger, operations, timeline
 from .models import Dashboard, Job, JobEvent, Rejection
 
 # The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
@@ -70,8 +70,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 def _record_ref(obj: Job | JobEvent) -> str:
-    ct = ContentType.objects.get_for_id(obj.content_type_id)
-    return f"{ct.app_label}.{ct.model}:{obj.object_id}"
+    return ledger.record_ref(obj.content_type_id, obj.object_id)
 
 
 def _gv(generation: int | None, version: int | None) -> str:
@@ -92,8 +91,24 @@ def _record_link(obj: Job | JobEvent) -> str:
     return format_html('<a href="{}">{}</a>', url, _record_ref(obj))
 
 
+class AuditColumns(ReadOnlyAdmin):
+    """Columns the job audit, the event log and the rejection log share: ids and codes only."""
+
+    @admin.display(description="record", ordering="object_id")
+    def record(self, obj: Job | JobEvent) -> str:
+        return _record_link(obj)
+
+    @admin.display(description="reason", ordering="reason")
+    def reason_code(self, obj: Job | JobEvent) -> str:
+        return obj.reason or "-"
+
+    @admin.display(description="found")
+    def found(self, obj: Job | JobEvent) -> str:
+        return _gv(obj.found_generation, obj.found_version)
+
+
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(AuditColumns):
     list_display = (
         "id",
         "status",
@@ -143,21 +158,9 @@ class JobAdmin(ReadOnlyAdmin):
     ) -> tuple[QuerySet[Job], bool]:
         return search_ids(queryset, search_term, "pk"), False
 
-    @admin.display(description="record", ordering="object_id")
-    def record(self, obj: Job) -> str:
-        return _record_link(obj)
-
-    @admin.display(description="reason", ordering="reason")
-    def reason_code(self, obj: Job) -> str:
-        return obj.reason or "-"
-
     @admin.display(description="snapshot")
     def snapshot(self, obj: Job) -> str:
         return _gv(obj.generation, obj.version)
-
-    @admin.display(description="found")
-    def found(self, obj: Job) -> str:
-        return _gv(obj.found_generation, obj.found_version)
 
     @admin.display(description="idempotency key")
     def idempotency_key(self, obj: Job) -> str:
@@ -323,7 +326,7 @@ class JobAdmin(ReadOnlyAdmin):
 
 
 @admin.register(JobEvent)
-class JobEventAdmin(ReadOnlyAdmin):
+class JobEventAdmin(AuditColumns):
     list_display = (
         "id",
         "created_at",
@@ -361,21 +364,9 @@ class JobEventAdmin(ReadOnlyAdmin):
         url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
 
-    @admin.display(description="record", ordering="object_id")
-    def record(self, obj: JobEvent) -> str:
-        return _record_link(obj)
-
-    @admin.display(description="reason", ordering="reason")
-    def reason_code(self, obj: JobEvent) -> str:
-        return obj.reason or "-"
-
     @admin.display(description="expected")
     def expected(self, obj: JobEvent) -> str:
         return _gv(obj.expected_generation, obj.expected_version)
-
-    @admin.display(description="found")
-    def found(self, obj: JobEvent) -> str:
-        return _gv(obj.found_generation, obj.found_version)
 
 
 def _csv_cell(value: Any) -> str:
@@ -398,7 +389,7 @@ REJECTION_COLUMNS: tuple[tuple[str, Callable[[Rejection], Any]], ...] = (
 
 
 @admin.register(Rejection)
-class RejectionAdmin(ReadOnlyAdmin):
+class RejectionAdmin(AuditColumns):
     list_display = (
         "timestamp",
         "reason_code",
@@ -439,17 +430,14 @@ class RejectionAdmin(ReadOnlyAdmin):
         return obj.created_at
 
     @admin.display(description="reason", ordering="reason")
-    def reason_code(self, obj: Rejection) -> str:
+    def reason_code(self, obj: Job | JobEvent) -> str:
+        # A rejection always has its reason; the list and the CSV show it bare.
         return obj.reason
 
     @admin.display(description="job id", ordering="job_id")
     def job_link(self, obj: Rejection) -> str:
         url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
-
-    @admin.display(description="record", ordering="object_id")
-    def record(self, obj: Rejection) -> str:
-        return _record_link(obj)
 
     def get_urls(self) -> list[URLPattern]:
         return [

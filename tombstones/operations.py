@@ -121,28 +121,22 @@ def resume(job: Job, seen: str) -> bool:
 
 def cancel(job: Job, seen: str) -> bool:
     """A queued (or retry-waiting) job will not run; its lane moves on."""
-    applied = ledger.transition(
-        job,
-        Status.CANCELLED,
-        Reason.CANCELLED_BY_STAFF,
-        from_status=(seen,),
-        event=Event.CANCELLED,
-        lease_expires_at=None,
-    )
-    if applied:
-        _wake_next(job)
-    return applied
+    return _cancel(job, seen, Event.CANCELLED)
 
 
 def skip_head(job: Job, seen: str) -> bool:
     """The blocked head of a lane is cancelled so the jobs behind it can run."""
+    return _cancel(job, seen, Event.SKIPPED, extra_filter=_lane_head_only())
+
+
+def _cancel(job: Job, seen: str, event: str, extra_filter: Q | None = None) -> bool:
     applied = ledger.transition(
         job,
         Status.CANCELLED,
         Reason.CANCELLED_BY_STAFF,
         from_status=(seen,),
-        event=Event.SKIPPED,
-        extra_filter=_lane_head_only(),
+        event=event,
+        extra_filter=extra_filter,
         lease_expires_at=None,
     )
     if applied:
