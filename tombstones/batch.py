@@ -113,6 +113,13 @@ def _act_together(fast: list[phases.Attempt]) -> list[phases.Outcome] | None:
     ]
 
 
+def _cluster_workers() -> int:
+    """Worker processes of the django-q2 cluster this runs in (the batch takes its share)."""
+    from django_q.conf import Conf
+
+    return max(1, int(Conf.WORKERS or 1))
+
+
 def pump(using: str | None = None) -> list[phases.Outcome]:
     """Claim and run batches of due lane heads until none is left or the wake budget is spent."""
     from .conf import tombstone_settings
@@ -120,7 +127,9 @@ def pump(using: str | None = None) -> list[phases.Outcome]:
     size, budget = tombstone_settings.BATCH_SIZE, tombstone_settings.WAKE_BUDGET
     outcomes: list[phases.Outcome] = []
     while size and len(outcomes) < budget:
-        claims = ledger.claim_batch(min(size, budget - len(outcomes)), using=using)
+        claims = ledger.claim_batch(
+            min(size, budget - len(outcomes)), workers=_cluster_workers(), using=using
+        )
         if not claims:
             return outcomes
         outcomes += run_batch(claims)

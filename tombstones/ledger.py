@@ -123,8 +123,12 @@ def claim(job_id: int, *, using: str | None = None) -> Claim | None:
     return Claim(job=job, token=token, worker=wid)
 
 
-def claim_batch(limit: int, *, using: str | None = None) -> list[Claim]:
+def claim_batch(limit: int, *, workers: int = 1, using: str | None = None) -> list[Claim]:
     """Take the lease on up to ``limit`` lane heads at once (one token for the batch).
+
+    A batch runs its jobs one after the other, so it takes only its share of the due heads
+    (1/``workers`` of them, at least one): the other workers' messages find the rest, and
+    different lanes still run in parallel.
 
     PostgreSQL: the candidates are locked with SKIP LOCKED so concurrent workers take disjoint
     sets; SQLite serialises writers (IMMEDIATE transactions). The UPDATE re-checks "claimable and
@@ -137,16 +141,18 @@ def claim_batch(limit: int, *, using: str | None = None) -> list[Claim]:
     # sends must spread over the workers.
     candidates = claimable(db).filter(external=False).order_by("id")
     skip_locked = connections[db].features.has_select_for_update_skip_locked
-    if not skip_locked:
-        # SQLite: look before taking the write lock, so idle wake-ups don't block enqueuers.
-        ids = list(candidates.values_list("id", flat=True)[:limit])
-        if not ids:
-            return []
+    # Look before locking: idle wake-ups take no lock (SQLite's is the single writer lock), and
+    # the count sets this batch's share.
+    seen = list(candidates.values_list("id", flat=True)[: limit * max(workers, 1)])
+    if not seen:
+        return []
+    share = max(1, min(limit, -(-len(seen) // max(workers, 1))))
+    ids = seen[:share]
     try:
         with transaction.atomic(using=db):
             if skip_locked:
                 locked = candidates.select_for_update(skip_locked=True, of=("self",))
-                ids = list(locked.values_list("id", flat=True)[:limit])
+                ids = list(locked.values_list("id", flat=True)[:share])
                 if not ids:
                     return []
             matched = claimable(db).filter(pk__in=ids).update(**_claimed_by(wid, token))
