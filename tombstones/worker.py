@@ -25,10 +25,12 @@ def run(job_id: int) -> dict[str, Any]:
     """Entry point called by django-q2 with the job id (the message carries nothing else)."""
     _close_old_connections()
     try:
-        # The named job first, through the classic phases (and its lane's next jobs); then one
-        # message serves many: further lane heads are claimed in batches (the fast path).
+        # The named job first, through the classic phases (and its lane's next jobs). With
+        # coalesced wake-ups internal jobs have no message of their own: one message serves many,
+        # claiming lane heads in batches (the fast path). Otherwise every job has its message,
+        # and leaving other lanes' heads to them keeps lanes running in parallel.
         result = run_job(job_id)
-        carried = batch.pump()
+        carried = batch.pump() if tombstone_settings.COALESCE_WAKES else []
         if carried:
             result["carried"] = [[o.job_id, str(o.status), str(o.reason)] for o in carried]
         return result

@@ -249,12 +249,14 @@ def test_lanes__head_finishing_while_next_is_claimed_never_runs_two(racers: _Rac
 @pytest.mark.django_db(transaction=True)
 def test_lanes__a_cluster_runs_each_lane_in_order_and_lanes_in_parallel(settings: Any) -> None:
     settings.TOMBSTONES_Q_OPTIONS = {}
-    lanes, per_lane = 4, 5
+    # Enough work (4 lanes x 10 jobs x 60 ms) that a second worker process still starting up
+    # when the first takes its messages gets its share: the ready check waits for one worker only.
+    lanes, per_lane = 4, 10
     cluster = Cluster(2, settings_module="tests.acceptance.cluster_settings")
     with cluster, cluster.messages():
         records = [entity(f"C{i}") for i in range(lanes)]
         jobs = [
-            enqueue("stress.apply", records[i % lanes], params={"delay_ms": 40})
+            enqueue("stress.apply", records[i % lanes], params={"delay_ms": 60})
             for i in range(lanes * per_lane)
         ]
         wait_for(lambda: not Job.objects.filter(status__in=Job.UNFINISHED).exists(), timeout=90)

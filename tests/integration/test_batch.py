@@ -42,6 +42,7 @@ def queued(settings: Any) -> Any:
 
 def test_batch__one_wake_runs_every_due_job_in_few_statements(queued: Any, settings: Any) -> None:
     settings.TOMBSTONES_BATCH_SIZE = 20
+    settings.TOMBSTONES_COALESCE_WAKES = True  # the mode in which one message serves many jobs
     jobs = queued(40)
     with CaptureQueriesContext(connection) as queries:
         worker.run(jobs[0].pk)
@@ -220,6 +221,7 @@ def test_coalesced_wakes__one_waiting_message_serves_every_internal_job(settings
 
 @pytest.mark.django_db(transaction=True)
 def test_coalesced_wakes__off_by_default(settings: Any) -> None:
+    """Without it every job keeps its own message (and a message runs its own job only)."""
     from django_q.models import OrmQ
 
     settings.TOMBSTONES_Q_OPTIONS = {}
