@@ -40,4 +40,37 @@ def make_due(job: Job) -> None:
 
 
 def events(job: Job) -> list[str]:
-    return list(job.events.order_by("id").values_list("event", flat=True))
+    return [ev.event for ev in job.history()]
+
+
+def redis_url() -> str:
+    from django.conf import settings
+
+    return getattr(settings, "REDIS_URL", "") or "redis://127.0.0.1:6379/0"
+
+
+def redis_client() -> Any:
+    """A client of the Redis server the suite uses (skipped without one, failed in CI)."""
+    import os
+
+    import pytest
+    import redis
+
+    url = redis_url()
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.RedisError:
+        if os.environ.get("CI"):
+            raise  # CI starts Redis: its absence is a failure there, not a skip
+        pytest.skip(f"needs a Redis server at {url}")
+    return client
+
+
+def redis_broker(client: Any, name: str) -> Any:
+    """django-q2's Redis broker for queue ``name`` on this client (not Conf.REDIS's)."""
+    from django_q.brokers.redis_broker import Redis
+
+    broker = Redis.__new__(Redis)
+    broker.connection, broker.list_key, broker._info = client, f"django_q:{name}:q", None
+    return broker

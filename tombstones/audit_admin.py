@@ -202,7 +202,7 @@ class JobAdmin(AuditColumns):
         job = self.get_object(request, unquote(object_id))
         extra = dict(extra_context or {})
         if job is not None and self.has_view_permission(request, job):
-            extra["job_events"] = list(job.events.order_by("created_at", "id"))
+            extra["job_events"] = job.history()
             extra["staff_actions"] = [
                 (a, reverse("admin:tombstones_job_act", args=(quote(job.pk), a.slug)))
                 for a in self.allowed_actions(request, job)

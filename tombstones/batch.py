@@ -10,12 +10,13 @@ repeat the check and classify it exactly as a single job would be.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from . import ledger, phases
+from . import coalesce, ledger, phases
 from .context import HandlerContext
 from .exceptions import UnknownHandler
 from .registry import get_handler
@@ -97,6 +98,7 @@ def _act_together(fast: list[phases.Attempt]) -> list[phases.Outcome] | None:
     writes: dict[int, int] = {}
     try:
         with transaction.atomic(using=db):
+            started = time.monotonic()
             for attempt in fast:
                 ctx = HandlerContext(attempt.claim, attempt.record, 0)
                 attempt.handler.func(ctx)  # type: ignore[union-attr]
@@ -104,6 +106,7 @@ def _act_together(fast: list[phases.Attempt]) -> list[phases.Outcome] | None:
                     raise _Fallback
                 found[attempt.job.pk] = (attempt.record.generation, attempt.record.version)
                 writes[attempt.job.pk] = ctx.writes
+            _learn_pace(time.monotonic() - started, len(fast))
             ledger.finish_succeeded([a.claim for a in fast], found)
     except Exception:  # noqa: BLE001 - rolled back; the classic path re-runs and classifies each
         logger.debug("batch of %s jobs falls back to the classic path", len(fast))
@@ -111,6 +114,21 @@ def _act_together(fast: list[phases.Attempt]) -> list[phases.Outcome] | None:
     return [
         phases.Outcome(a.job.pk, ledger.Status.SUCCEEDED, "", 0, writes[a.job.pk]) for a in fast
     ]
+
+
+# Handlers that recently took less than this per job (their fenced writes included) are "fast":
+# the next batch takes every due head it sees (up to the batch size) instead of its 1/workers
+# share. One worker running short handlers back to back in one transaction beats several
+# splitting them; slow handlers still spread over the workers.
+FAST_JOB_SECONDS = 0.01
+
+_pace: float | None = None  # this process's recent seconds per job on the fast path
+
+
+def _learn_pace(seconds: float, jobs: int) -> None:
+    global _pace
+    per_job = seconds / max(jobs, 1)
+    _pace = per_job if _pace is None else 0.7 * _pace + 0.3 * per_job
 
 
 def _cluster_workers() -> int:
@@ -121,23 +139,38 @@ def _cluster_workers() -> int:
 
 
 def pump(using: str | None = None) -> list[phases.Outcome]:
-    """Claim and run batches of due lane heads until none is left or the wake budget is spent."""
+    """Claim and run batches of due lane heads until none is left or the wake budget is spent.
+
+    Serves coalesced wake-ups (:mod:`tombstones.coalesce`): before it stops it opens the gate and
+    looks once more, and it calls a helper when it leaves due heads to other workers.
+    """
     from .conf import tombstone_settings
+    from .dispatch import wake
 
     size, budget = tombstone_settings.BATCH_SIZE, tombstone_settings.WAKE_BUDGET
     outcomes: list[phases.Outcome] = []
-    while size and len(outcomes) < budget:
-        claims = ledger.claim_batch(
-            min(size, budget - len(outcomes)), workers=_cluster_workers(), using=using
+    if not size:
+        return outcomes
+    coalesce.helper_arrived()
+    looked_again = False
+    while len(outcomes) < budget:
+        spread = _pace is None or _pace >= FAST_JOB_SECONDS
+        claims, left = ledger.claim_share(
+            min(size, budget - len(outcomes)),
+            workers=_cluster_workers(),
+            spread=spread,
+            using=using,
         )
         if not claims:
-            return outcomes
+            if looked_again or not coalesce.open_gate():
+                return outcomes
+            looked_again = True
+            continue
+        if left and coalesce.call_helper():
+            wake(left[0])
         outcomes += run_batch(claims)
-    if size:
-        # Budget spent with work left: hand it to another message rather than hog this worker.
-        head = ledger.claimable(using).order_by("id").values_list("id", flat=True).first()
-        if head is not None:
-            from .dispatch import wake
-
-            wake(head)
+    # Budget spent with work left: hand it to another message rather than hog this worker.
+    head = ledger.claimable(using).order_by("id").values_list("id", flat=True).first()
+    if head is not None:
+        wake(head)
     return outcomes

@@ -1,4 +1,4 @@
-"""Enqueue: snapshot (record, generation, version) in the caller's transaction; wake on commit."""
+"""Enqueue: one INSERT snapshots (record, generation, version) in the caller's transaction."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 from django.contrib.contenttypes.models import ContentType
 from django.db import models, router, transaction
 
+from . import coalesce
 from .conf import tombstone_settings
 from .exceptions import InvalidParams, MissingFence, RecordDeleted
-from .models import Job, JobEvent
+from .models import Job
 from .registry import get_handler
 
 logger = logging.getLogger("tombstones")
@@ -77,16 +78,9 @@ def enqueue(
     }
     if run_after is not None:
         fields["run_after"] = run_after
-    with transaction.atomic(using=db):
-        job = Job.objects.using(db).create(**fields)
-        JobEvent.objects.using(db).create(
-            job=job,
-            content_type=content_type,
-            object_id=job.object_id,
-            event=JobEvent.Event.ENQUEUED,
-            expected_generation=generation,
-            expected_version=version,
-        )
+    # One INSERT: the job row is also the audit record of the enqueue (Job.enqueued_event). In
+    # the caller's transaction if there is one, so a rolled-back request leaves no job.
+    job = Job.objects.using(db).create(**fields)
     job_id = job.pk
     if found.external:
         transaction.on_commit(lambda: wake(job_id), using=db)
@@ -96,17 +90,17 @@ def enqueue(
 
 
 def wake_unless_pending(job_id: int) -> str | None:
-    """Wake a worker for an internal job, unless a message already waiting will pick it up.
+    """Wake a worker for an internal job, unless a pending wake-up will pick it up.
 
-    With TOMBSTONES_COALESCE_WAKES (a django-q2 queue that carries tombstones jobs only), any
-    waiting message runs the fast path's pump, which claims every due internal lane head,
-    including this job (committed before we looked). A lost message is the sweep's to repair.
+    With TOMBSTONES_COALESCE_WAKES a pending message runs the fast path's pump, which claims every
+    due internal lane head, this job included (see :mod:`tombstones.coalesce`). A lost message is
+    the sweep's to repair.
     """
     if (
         tombstone_settings.COALESCE_WAKES
         and tombstone_settings.BATCH_SIZE
         and not tombstone_settings.Q_OPTIONS.get("sync", _q_sync())
-        and _waiting_messages() > 0
+        and not coalesce.arm()
     ):
         return None
     return wake(job_id)
@@ -118,23 +112,14 @@ def _q_sync() -> bool:
     return bool(Conf.SYNC)
 
 
-def _waiting_messages() -> int:
-    """Messages in the broker not yet taken by a cluster (0 when that cannot be told)."""
-    from django_q.brokers import get_broker
-
-    try:
-        return int(get_broker(tombstone_settings.Q_OPTIONS.get("cluster")).queue_size() or 0)
-    except Exception:  # noqa: BLE001 - unknown means "send the message"
-        return 0
-
-
 def wake(job_id: int) -> str | None:
     """Send the django-q2 message for one job (its id only). A lost message loses no job."""
     from django_q.tasks import async_task
 
     options = {"group": "tombstones", "ack_failure": True, **tombstone_settings.Q_OPTIONS}
     try:
-        return async_task(TASK, job_id, **options)
+        # One broker (and connection) per process, not one per message.
+        return async_task(TASK, job_id, broker=coalesce.broker(), **options)
     except Exception as exc:  # noqa: BLE001 - any broker failure: the sweep re-dispatches the job
         logger.error(
             "wake for job %s failed (%s); the sweep will re-dispatch it",

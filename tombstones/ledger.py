@@ -124,11 +124,20 @@ def claim(job_id: int, *, using: str | None = None) -> Claim | None:
 
 
 def claim_batch(limit: int, *, workers: int = 1, using: str | None = None) -> list[Claim]:
-    """Take the lease on up to ``limit`` lane heads at once (one token for the batch).
+    """Take the lease on up to ``limit`` lane heads at once (see :func:`claim_share`)."""
+    return claim_share(limit, workers=workers, using=using)[0]
 
-    A batch runs its jobs one after the other, so it takes only its share of the due heads
-    (1/``workers`` of them, at least one): the other workers' messages find the rest, and
-    different lanes still run in parallel.
+
+def claim_share(
+    limit: int, *, workers: int = 1, spread: bool = True, using: str | None = None
+) -> tuple[list[Claim], list[int]]:
+    """Take the lease on this worker's share of the due lane heads (one token for the batch).
+
+    Returns the claims and the due heads seen and left to the other workers (it looks at up to
+    ``limit`` x ``workers``). A batch runs its jobs one after the other: with ``spread`` it takes
+    only its share of the due heads (1/``workers`` of them, at least one, at most ``limit``), so
+    the other workers find the rest and different lanes run in parallel; without, up to ``limit``
+    (for handlers fast enough that one worker serves them best).
 
     PostgreSQL: the candidates are locked with SKIP LOCKED so concurrent workers take disjoint
     sets; SQLite serialises writers (IMMEDIATE transactions). The UPDATE re-checks "claimable and
@@ -145,27 +154,27 @@ def claim_batch(limit: int, *, workers: int = 1, using: str | None = None) -> li
     # the count sets this batch's share.
     seen = list(candidates.values_list("id", flat=True)[: limit * max(workers, 1)])
     if not seen:
-        return []
-    share = max(1, min(limit, -(-len(seen) // max(workers, 1))))
-    ids = seen[:share]
+        return [], []
+    share = max(1, min(limit, -(-len(seen) // max(workers, 1)) if spread else limit))
+    ids, left = seen[:share], seen[share:]
     try:
         with transaction.atomic(using=db):
             if skip_locked:
                 locked = candidates.select_for_update(skip_locked=True, of=("self",))
                 ids = list(locked.values_list("id", flat=True)[:share])
                 if not ids:
-                    return []
+                    return [], left
             matched = claimable(db).filter(pk__in=ids).update(**_claimed_by(wid, token))
     except IntegrityError:
-        return []
+        return [], left
     if not matched:
-        return []
+        return [], left
     jobs = (
         Job.objects.using(db)
         .select_related("content_type")
         .filter(claim_token=token, status=Status.RUNNING)
     )
-    return [Claim(job=job, token=token, worker=wid) for job in jobs.order_by("id")]
+    return [Claim(job=job, token=token, worker=wid) for job in jobs.order_by("id")], left
 
 
 def finish_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:

@@ -138,12 +138,29 @@ class Job(models.Model):
     def is_fenced(self) -> bool:
         return self.generation is not None and self.version is not None
 
+    def enqueued_event(self) -> JobEvent:
+        """The enqueue as an (unsaved) event: the job row itself is the record of it."""
+        return JobEvent(
+            job=self,
+            content_type_id=self.content_type_id,
+            object_id=self.object_id,
+            event=JobEvent.Event.ENQUEUED,
+            expected_generation=self.generation,
+            expected_version=self.version,
+            created_at=self.created_at,
+        )
+
+    def history(self) -> list[JobEvent]:
+        """The job's audit trail in order: its enqueue, then its stored events."""
+        return [self.enqueued_event(), *self.events.order_by("created_at", "id")]
+
 
 class JobEvent(models.Model):
     """Append-only audit trail of a job: what was expected, what was found, and when."""
 
     class Event(models.TextChoices):
-        ENQUEUED = "enqueued"  # written at enqueue
+        # Not stored: the job row records its enqueue (Job.enqueued_event); kept for old rows.
+        ENQUEUED = "enqueued"
         CLAIMED = "claimed"  # a worker took the lease
         CHECKED = "checked"  # the record read live at the job's generation
         REREAD = "reread"  # a version conflict: the record was read again

@@ -196,8 +196,11 @@ def build(content_type: ContentType, object_id: str) -> Timeline:
     jobs_qs = Job.objects.filter(content_type=content_type, object_id=object_id).defer("params")
     total = jobs_qs.count()
     jobs = list(jobs_qs.order_by("-id")[:MAX_JOBS])[::-1]
-    events = list(
-        JobEvent.objects.filter(job__in=[j.pk for j in jobs]).order_by("created_at", "id")
+    stored = JobEvent.objects.filter(job__in=[j.pk for j in jobs]).order_by("created_at", "id")
+    # The job rows record the enqueues; they come first among events of the same moment.
+    events = sorted(
+        [*(job.enqueued_event() for job in jobs), *stored],
+        key=lambda ev: (ev.created_at, ev.pk is not None, ev.pk or ev.job_id),
     )
     seen = _sightings(jobs, events, identity)
     generations = _generations(seen, identity)

@@ -25,14 +25,22 @@ def run(job_id: int) -> dict[str, Any]:
     """Entry point called by django-q2 with the job id (the message carries nothing else)."""
     _close_old_connections()
     try:
-        # The named job first, through the classic phases (and its lane's next jobs). With
-        # coalesced wake-ups internal jobs have no message of their own: one message serves many,
-        # claiming lane heads in batches (the fast path). Otherwise every job has its message,
-        # and leaving other lanes' heads to them keeps lanes running in parallel.
-        result = run_job(job_id)
-        carried = batch.pump() if tombstone_settings.COALESCE_WAKES else []
-        if carried:
-            result["carried"] = [[o.job_id, str(o.status), str(o.reason)] for o in carried]
+        if not tombstone_settings.COALESCE_WAKES:
+            # Every job has its message: the named job runs through the classic phases (and its
+            # lane's next jobs), leaving other lanes' heads to their messages, in parallel.
+            return run_job(job_id)
+        # Coalesced: one message serves many internal jobs, claimed in batches (the fast path),
+        # the named one among them when it is a due internal lane head; otherwise (external, not
+        # due, another worker's) it takes the classic path after the batches.
+        carried = batch.pump()
+        mine = next((o for o in carried if o.job_id == job_id), None)
+        if mine is not None:
+            result: dict[str, Any] = {**mine.as_dict(), "claimed": True, "drained": 0}
+        else:
+            result = run_job(job_id)
+        others = [o for o in carried if o is not mine]
+        if others:
+            result["carried"] = [[o.job_id, str(o.status), str(o.reason)] for o in others]
         return result
     finally:
         _close_old_connections()

@@ -78,8 +78,10 @@ class Cluster:
         env: dict[str, str] | None = None,
         settings_module: str | None = None,
         log_path: str | None = None,
+        broker: Any = None,
     ) -> None:
         self.workers = workers
+        self.broker = broker  # where the ready ping goes when the cluster's broker is not ours
         self.name = name or f"tg-{uuid.uuid4().hex[:10]}"
         self.extra_env = dict(env or {})
         self.settings_module = settings_module or os.environ.get(
@@ -128,7 +130,9 @@ class Cluster:
         from django_q.tasks import async_task
 
         with queue_namespace(self.name):
-            task_id = async_task("project.stress.cluster.ping", sync=False, save=True)
+            task_id = async_task(
+                "project.stress.cluster.ping", sync=False, save=True, broker=self.broker
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:

@@ -51,7 +51,7 @@ def test_batch__one_wake_runs_every_due_job_in_few_statements(queued: Any, setti
     per_job = len(queries) / 40
     print(f"fast path: {per_job:.2f} statements per job")
     assert per_job <= 4, f"{per_job:.2f} statements per job"
-    assert list(jobs[5].events.values_list("event", flat=True)) == [
+    assert [ev.event for ev in jobs[5].history()] == [
         "enqueued",
         "claimed",
         "checked",

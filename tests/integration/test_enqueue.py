@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from django.db import transaction
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django_q.models import OrmQ, Task
 
 import tombstones
@@ -29,7 +31,21 @@ def test_enqueue__snapshots_generation_version_and_default_lane() -> None:
     assert job.lane == f"customers.customer:{customer.pk}"
     assert job.status == Job.Status.QUEUED
     assert job.params == {"n": 1}
-    assert list(job.events.values_list("event", flat=True)) == ["enqueued"]
+    # The job row is the record of the enqueue: no event row, one "enqueued" line in its history.
+    assert not job.events.exists()
+    [enqueued] = job.history()
+    assert (enqueued.event, enqueued.created_at) == ("enqueued", job.created_at)
+    assert (enqueued.expected_generation, enqueued.expected_version) == (1, 2)
+
+
+def test_enqueue__is_one_insert() -> None:
+    customer = CustomerFactory()
+    ContentType.objects.get_for_model(customer)  # cached per process, as in a running site
+    with CaptureQueriesContext(connection) as queries:
+        tombstones.enqueue(HANDLER, customer)
+    statements = [q["sql"] for q in queries]
+    assert len(statements) == 1, statements
+    assert statements[0].startswith('INSERT INTO "tombstones_job"')
 
 
 def test_enqueue__ordering_key_overrides_the_lane() -> None:

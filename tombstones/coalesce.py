@@ -1,0 +1,132 @@
+"""Coalesced wake-ups (TOMBSTONES_COALESCE_WAKES): one message serves the jobs queued meanwhile.
+
+With django-q2's Redis broker the coalescing is a *gate*, a Redis key next to the queue:
+
+- an enqueue sends a message only if it armed the gate (``SET NX``); when the gate is already
+  armed, the pump that will open it has not made its last look yet and will see the job, which
+  committed before the enqueue looked at the gate;
+- a pump (:func:`tombstones.batch.pump`) that finds nothing due opens the gate (``DEL``) and looks
+  once more before it stops;
+- the gate expires (``GATE_TTL``) so that a pump killed while holding it costs at most that long
+  a delay, until the next enqueue sends a message (or the sweep re-dispatches);
+- a pump that leaves due lane heads to other workers sends one helper message at a time (a second
+  key), so different lanes still run in parallel.
+
+With any other broker (the ORM broker polls, so messages wait a while) the test is the one the
+queue itself gives: a message still waiting in the broker will run a pump that sees the job.
+That count includes other tasks' messages, hence the setting's "dedicated queue" caveat.
+
+Every failure to ask (a broker error) answers "send the message": unknown never loses a wake-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .conf import tombstone_settings
+
+logger = logging.getLogger("tombstones")
+
+# Milliseconds a gate or helper key lives without its pump: the longest a crashed pump delays
+# the jobs queued behind its gate (a live pump past it only costs an extra message).
+GATE_TTL = 5_000
+
+_brokers: dict[tuple[int, str], Any] = {}
+
+
+def broker() -> Any:
+    """The django-q2 broker of the configured queue, one per process and queue name.
+
+    It holds a connection: django-q2 would open one per message.
+    """
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
+
+    name = str(tombstone_settings.Q_OPTIONS.get("cluster") or Conf.CLUSTER_NAME)
+    key = (os.getpid(), name)
+    found = _brokers.get(key)
+    if found is None:
+        found = _brokers[key] = get_broker(name)
+    return found
+
+
+@receiver(setting_changed)
+def _forget_brokers(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("Q_CLUSTER", "TOMBSTONES_Q_OPTIONS"):
+        _brokers.clear()
+
+
+def _redis(found: Any) -> Any:
+    """The broker's Redis client, or None for any other broker."""
+    from django_q.brokers.redis_broker import Redis
+
+    return found.connection if isinstance(found, Redis) else None
+
+
+def _key(found: Any, name: str) -> str:
+    return f"{found.list_key}:tombstones:{name}"
+
+
+def waiting_messages(found: Any) -> int:
+    """Messages in the broker not yet taken by a cluster (0 when that cannot be told)."""
+    try:
+        return int(found.queue_size() or 0)
+    except Exception:  # noqa: BLE001 - unknown means "send the message"
+        return 0
+
+
+def arm() -> bool:
+    """Enqueue side, after commit: True if this enqueue must send a message."""
+    found = broker()
+    client = _redis(found)
+    if client is None:
+        return waiting_messages(found) == 0
+    try:
+        return bool(client.set(_key(found, "gate"), "1", nx=True, px=GATE_TTL))
+    except Exception:  # noqa: BLE001 - unknown means "send the message"
+        return True
+
+
+def open_gate() -> bool:
+    """Pump side, when it found nothing due: open the gate; True if the pump must look again."""
+    found = broker()
+    client = _redis(found)
+    if client is None:
+        return False
+    try:
+        client.delete(_key(found, "gate"))
+    except Exception:  # noqa: BLE001 - the key expires by itself
+        logger.warning("could not open the wake-up gate; it expires in %s ms", GATE_TTL)
+    return True
+
+
+def call_helper() -> bool:
+    """Pump side, when it left due lane heads to others: True if it should send a helper message.
+
+    One helper message at a time: each helper's pump may call the next, up to the workers.
+    """
+    found = broker()
+    client = _redis(found)
+    if client is None:
+        return waiting_messages(found) == 0
+    try:
+        return bool(client.set(_key(found, "helper"), "1", nx=True, px=GATE_TTL))
+    except Exception:  # noqa: BLE001 - unknown means "send it"
+        return True
+
+
+def helper_arrived() -> None:
+    """Pump side, at its start: a helper message is no longer pending."""
+    found = broker()
+    client = _redis(found)
+    if client is None:
+        return
+    try:
+        client.delete(_key(found, "helper"))
+    except Exception:  # noqa: BLE001 - the key expires by itself
+        return
