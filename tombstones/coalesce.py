@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -63,21 +64,35 @@ def _forget_brokers(*, setting: str, **kwargs: Any) -> None:
 
 def _redis(found: Any) -> Any:
     """The broker's Redis client, or None for any other broker."""
-    from django_q.brokers.redis_broker import Redis
-
-    return found.connection if isinstance(found, Redis) else None
+    # Not imported unless django-q2 uses it: the redis package weighs on every worker's memory.
+    module = sys.modules.get("django_q.brokers.redis_broker")
+    if module is None or not isinstance(found, module.Redis):
+        return None
+    return found.connection
 
 
 def _key(found: Any, name: str) -> str:
     return f"{found.list_key}:tombstones:{name}"
 
 
-def waiting_messages(found: Any) -> int:
-    """Messages in the broker not yet taken by a cluster (0 when that cannot be told)."""
+def message_waiting(found: Any) -> bool:
+    """True if a message is in the broker and not yet taken by a cluster (False when unknown)."""
     try:
-        return int(found.queue_size() or 0)
+        orm = sys.modules.get("django_q.brokers.orm")
+        if orm is not None and isinstance(found, orm.ORM):
+            # Not the broker's queue_size(): its COUNT goes through close_old_connections(),
+            # which closes the caller's connection (CONN_MAX_AGE = 0) on every enqueue.
+            from django.utils import timezone
+            from django_q.conf import Conf
+            from django_q.models import OrmQ
+
+            waiting = OrmQ.objects.using(Conf.ORM).filter(
+                key=found.list_key, lock__lte=timezone.now()
+            )
+            return waiting.exists()
+        return int(found.queue_size() or 0) > 0
     except Exception:  # noqa: BLE001 - unknown means "send the message"
-        return 0
+        return False
 
 
 def arm() -> bool:
@@ -85,7 +100,7 @@ def arm() -> bool:
     found = broker()
     client = _redis(found)
     if client is None:
-        return waiting_messages(found) == 0
+        return not message_waiting(found)
     try:
         return bool(client.set(_key(found, "gate"), "1", nx=True, px=GATE_TTL))
     except Exception:  # noqa: BLE001 - unknown means "send the message"
@@ -113,7 +128,7 @@ def call_helper() -> bool:
     found = broker()
     client = _redis(found)
     if client is None:
-        return waiting_messages(found) == 0
+        return not message_waiting(found)
     try:
         return bool(client.set(_key(found, "helper"), "1", nx=True, px=GATE_TTL))
     except Exception:  # noqa: BLE001 - unknown means "send it"
