@@ -15,11 +15,13 @@ from collections import defaultdict
 from typing import Any
 
 from django.db import DatabaseError, transaction
+from django.utils import timezone
 
 from . import coalesce, ledger, phases
 from .context import HandlerContext
 from .exceptions import UnknownHandler
-from .registry import get_handler
+from .models import Job
+from .registry import Handler, get_handler
 
 logger = logging.getLogger("tombstones")
 
@@ -28,10 +30,11 @@ class _Fallback(Exception):
     """The batch transaction is rolled back; every job of it takes the classic path."""
 
 
-def run_batch(claims: list[ledger.Claim]) -> list[phases.Outcome]:
+def run_batch(claims: list[ledger.Claim], *, chain: int = 0) -> list[phases.Outcome]:
+    """Run claimed lane heads; with ``chain`` > 0, up to that many of their lanes' next jobs too."""
     attempts = [phases.Attempt(claim=claim) for claim in claims]
-    fast, slow = _split(attempts)
-    outcomes = _act_together(fast)
+    fast, slow, records = _split(attempts)
+    outcomes = _act_together(fast, records, chain)
     if outcomes is None:
         slow = fast + slow
         outcomes = []
@@ -42,55 +45,69 @@ def run_batch(claims: list[ledger.Claim]) -> list[phases.Outcome]:
     return outcomes
 
 
-def _split(attempts: list[phases.Attempt]) -> tuple[list[phases.Attempt], list[phases.Attempt]]:
+Records = dict[tuple[int, str], Any]
+
+
+def _split(
+    attempts: list[phases.Attempt],
+) -> tuple[list[phases.Attempt], list[phases.Attempt], Records]:
     """Jobs ready for the fast path (internal, fenced, record live at its generation) and others."""
     try:
-        records = _read_records(attempts)
+        records = _read_records([a.job for a in attempts])
     except DatabaseError:
-        return [], attempts  # the classic check pauses them one by one
+        return [], attempts, {}  # the classic check pauses them one by one
     fast, slow = [], []
     for attempt in attempts:
-        job = attempt.job
-        try:
-            handler = get_handler(job.handler)
-        except UnknownHandler:
+        handler = _fast_handler(attempt.job, records)
+        if handler is None:
             slow.append(attempt)
             continue
-        record = records.get((job.content_type_id, job.object_id))
-        if (
-            not job.is_fenced
-            or handler.external
-            or handler.accepts_tombstones
-            or record is None
-            or record.generation != job.generation
-            or record.deleted_at is not None
-        ):
-            slow.append(attempt)
-            continue
-        attempt.handler, attempt.record = handler, record
+        attempt.handler = handler
+        attempt.record = records[(attempt.job.content_type_id, attempt.job.object_id)]
         fast.append(attempt)
-    return fast, slow
+    return fast, slow, records
 
 
-def _read_records(attempts: list[phases.Attempt]) -> dict[tuple[int, str], Any]:
-    """One read per model for all the batch's records (through all rows: tombstones included)."""
+def _fast_handler(job: Job, records: Records) -> Handler | None:
+    """The job's handler if the fast path may run it: internal, fenced, its record live."""
+    try:
+        handler = get_handler(job.handler)
+    except UnknownHandler:
+        return None
+    record = records.get((job.content_type_id, job.object_id))
+    if (
+        not job.is_fenced
+        or handler.external
+        or handler.accepts_tombstones
+        or record is None
+        or record.generation != job.generation
+        or record.deleted_at is not None
+    ):
+        return None
+    return handler
+
+
+def _read_records(jobs: list[Job], found: Records | None = None) -> Records:
+    """One read per model for the jobs' records not in ``found`` (tombstones included)."""
+    found = {} if found is None else found
     wanted: dict[int, set[str]] = defaultdict(set)
-    for attempt in attempts:
-        wanted[attempt.job.content_type_id].add(attempt.job.object_id)
-    found: dict[tuple[int, str], Any] = {}
-    for attempt in attempts:
-        content_type = attempt.job.content_type
+    for job in jobs:
+        if (job.content_type_id, job.object_id) not in found:
+            wanted[job.content_type_id].add(job.object_id)
+    for job in jobs:
+        content_type = job.content_type
         pks = wanted.pop(content_type.pk, None)
         model = content_type.model_class()
         if pks is None or model is None or not hasattr(model, "all_objects"):
             continue
-        rows = model.all_objects.using(attempt.job._state.db).filter(pk__in=pks)
-        for record in rows:
+        for record in model.all_objects.using(job._state.db).filter(pk__in=pks):
             found[(content_type.pk, str(record.pk))] = record
     return found
 
 
-def _act_together(fast: list[phases.Attempt]) -> list[phases.Outcome] | None:
+def _act_together(
+    fast: list[phases.Attempt], records: Records, chain: int
+) -> list[phases.Outcome] | None:
     if not fast:
         return []
     db = fast[0].job._state.db
@@ -107,13 +124,76 @@ def _act_together(fast: list[phases.Attempt]) -> list[phases.Outcome] | None:
                 found[attempt.job.pk] = (attempt.record.generation, attempt.record.version)
                 writes[attempt.job.pk] = ctx.writes
             _learn_pace(time.monotonic() - started, len(fast))
-            ledger.finish_succeeded([a.claim for a in fast], found)
+            ledger.record_succeeded([a.claim for a in fast], found)
+            worker = fast[0].claim.worker
+            followers = _run_followers(fast, records, chain, worker, found, writes)
+            done = [(a.job, a.claim.worker) for a in fast] + [(j, worker) for j in followers]
+            ledger.add_success_events(done, found)
     except Exception:  # noqa: BLE001 - rolled back; the classic path re-runs and classifies each
         logger.debug("batch of %s jobs falls back to the classic path", len(fast))
         return None
     return [
-        phases.Outcome(a.job.pk, ledger.Status.SUCCEEDED, "", 0, writes[a.job.pk]) for a in fast
+        phases.Outcome(job.pk, ledger.Status.SUCCEEDED, "", 0, writes[job.pk]) for job, _ in done
     ]
+
+
+def _run_followers(
+    fast: list[phases.Attempt],
+    records: Records,
+    limit: int,
+    worker: str,
+    found: dict[int, tuple[int, int]],
+    writes: dict[int, int],
+) -> list[Job]:
+    """Drain the batch's lanes: their next queued jobs, in lane order, in the batch's transaction.
+
+    Round after round, each lane's next job runs once the one before it is recorded, and one
+    UPDATE claims and records the round (:func:`ledger.succeed_followers`). A lane stops at a job
+    the fast path may not run. Anything wrong (a lost fence, an exception, a job no longer
+    claimable) rolls back the followers only: they stay queued for the next claim.
+    """
+    if limit <= 0:
+        return []
+    db = fast[0].job._state.db
+    lanes: dict[str, list[Job]] = {a.job.lane: [] for a in fast}
+    now = timezone.now()
+    try:
+        with transaction.atomic(using=db):
+            queued = (
+                Job.objects.using(db)
+                .select_related("content_type")
+                .filter(lane__in=list(lanes), status__in=Job.UNFINISHED)
+                .order_by("id")[:limit]
+            )
+            rows = list(queued)
+            _read_records(rows, records)
+            blocked: set[str] = set()
+            for job in rows:
+                if job.lane in blocked:
+                    continue
+                due = job.status == Job.Status.QUEUED and job.run_after <= now
+                if due and _fast_handler(job, records) is not None:
+                    lanes[job.lane].append(job)
+                else:
+                    blocked.add(job.lane)
+            done: list[Job] = []
+            for depth in range(max(map(len, lanes.values()), default=0)):
+                step = [jobs[depth] for jobs in lanes.values() if len(jobs) > depth]
+                for job in step:
+                    record = records[(job.content_type_id, job.object_id)]
+                    ctx = HandlerContext(ledger.Claim(job=job, token="", worker=worker), record, 0)
+                    get_handler(job.handler).func(ctx)
+                    if ctx.fence_lost is not None:
+                        raise _Fallback
+                    found[job.pk] = (record.generation, record.version)
+                    writes[job.pk] = ctx.writes
+                if not ledger.succeed_followers(step, worker, found):
+                    raise _Fallback
+                done += step
+    except Exception:  # noqa: BLE001 - the followers roll back and stay queued
+        logger.debug("lane followers of a batch roll back; they stay queued")
+        return []
+    return done
 
 
 # Handlers that recently took less than this per job (their fenced writes included) are "fast":
@@ -168,7 +248,9 @@ def pump(using: str | None = None) -> list[phases.Outcome]:
             continue
         if left and coalesce.call_helper():
             wake(left[0])
-        outcomes += run_batch(claims)
+        # Fast handlers also drain their lanes in the batch's transaction (budget permitting).
+        room = 0 if spread else min(size, budget - len(outcomes) - len(claims))
+        outcomes += run_batch(claims, chain=room)
     # Budget spent with work left: hand it to another message rather than hog this worker.
     head = ledger.claimable(using).order_by("id").values_list("id", flat=True).first()
     if head is not None:

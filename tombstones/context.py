@@ -81,6 +81,8 @@ class HandlerContext:
         """Extend the lease for a long handler; False if another worker took the job over."""
         from .ledger import extend_lease
 
+        if not self._claim.token:
+            return True  # a lane follower runs inside its batch's transaction: it has no lease
         return extend_lease(self._claim)
 
     def _lost(self) -> None:

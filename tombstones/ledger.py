@@ -182,6 +182,12 @@ def finish_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> 
 
     Raises LeaseLost unless every claim is still ours, so a zombie's batch rolls back whole.
     """
+    record_succeeded(claims, found)
+    add_success_events([(c.job, c.worker) for c in claims], found)
+
+
+def record_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:
+    """The outcome UPDATE of :func:`finish_succeeded`; LeaseLost unless every claim is ours."""
     if not claims:
         return
     db = claims[0].job._state.db
@@ -197,25 +203,72 @@ def finish_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> 
             lease_expires_at=None,
             claim_token="",
             error_class="",
-            found_generation=Case(*(When(pk=i, then=Value(g)) for i, (g, _) in found.items())),
-            found_version=Case(*(When(pk=i, then=Value(v)) for i, (_, v) in found.items())),
+            **_found_columns(found),
         )
     )
     if matched != len(ids):
         raise LeaseLost(ids)
-    events = []
     for claim in claims:
-        job = claim.job
+        claim.job.status, claim.job.reason = Status.SUCCEEDED, Reason.NONE
+
+
+def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, int]]) -> bool:
+    """Claim and record the success of lane followers in one UPDATE: True if all were taken.
+
+    Runs inside the transaction that recorded the jobs before them in their lanes and made their
+    own fenced writes, so they are never seen running and hold no lease: either all of it
+    commits or none. The UPDATE repeats the claim's conditions (queued, due, young, head of its
+    lane); when any job fails them the caller rolls its writes back.
+    """
+    if not jobs:
+        return True
+    ids = [job.pk for job in jobs]
+    matched = (
+        claimable(jobs[0]._state.db)
+        .filter(pk__in=ids, status=Status.QUEUED, external=False)
+        .update(
+            status=Status.SUCCEEDED,
+            reason=Reason.NONE,
+            owner=worker,
+            claim_token="",
+            attempts=F("attempts") + 1,
+            started_at=Now(),
+            finished_at=Now(),
+            lease_expires_at=None,
+            sending_at=None,
+            error_class="",
+            **_found_columns({pk: found[pk] for pk in ids}),
+        )
+    )
+    if matched != len(ids):
+        return False
+    for job in jobs:
         job.status, job.reason = Status.SUCCEEDED, Reason.NONE
+    return True
+
+
+def _found_columns(found: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    return {
+        "found_generation": Case(*(When(pk=i, then=Value(g)) for i, (g, _) in found.items())),
+        "found_version": Case(*(When(pk=i, then=Value(v)) for i, (_, v) in found.items())),
+    }
+
+
+def add_success_events(done: list[tuple[Job, str]], found: dict[int, tuple[int, int]]) -> None:
+    """claimed, checked and succeeded events of many jobs in one INSERT; log lines after commit."""
+    if not done:
+        return
+    events = []
+    for job, worker in done:
         g, v = found[job.pk]
         for event, seen in (
             (Event.CLAIMED, (None, None)),
             ("checked", (g, v)),
             (Event.SUCCEEDED, (g, v)),
         ):
-            events.append(_event_row(job, event, Reason.NONE, seen, claim.worker))
+            events.append(_event_row(job, event, Reason.NONE, seen, worker))
         announce(job, Status.SUCCEEDED, Reason.NONE, (g, v))
-    JobEvent.objects.using(db).bulk_create(events)
+    JobEvent.objects.using(done[0][0]._state.db).bulk_create(events)
 
 
 def _event_row(

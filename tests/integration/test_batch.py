@@ -229,3 +229,115 @@ def test_coalesced_wakes__off_by_default(settings: Any) -> None:
         for _ in range(3):
             tombstones.enqueue("t.touch", CustomerFactory())
     assert OrmQ.objects.count() == 3
+
+
+# --- lane followers: a lane's queued jobs drained in the batch's transaction ------------------
+
+
+def _lane(customer: Customer, handlers: list[str]) -> list[Job]:
+    return [tombstones.enqueue(h, customer) for h in handlers]
+
+
+def _refresh(jobs: list[Job]) -> list[str]:
+    return [str(Job.objects.get(pk=j.pk).status) for j in jobs]
+
+
+def test_followers__drain_lanes_in_order_in_few_statements(queued: Any) -> None:
+    one, two = CustomerFactory(), CustomerFactory()
+    lane_one = _lane(one, ["t.touch"] * 12)
+    lane_two = _lane(two, ["t.touch"] * 4)
+    with CaptureQueriesContext(connection) as queries:
+        outcomes = batch.run_batch(ledger.claim_batch(10), chain=20)
+    assert [o.job_id for o in outcomes] == [lane_one[0].pk, lane_two[0].pk] + [
+        j.pk for pair in zip(lane_one[1:4], lane_two[1:4], strict=True) for j in pair
+    ] + [j.pk for j in lane_one[4:]]
+    assert set(_refresh(lane_one + lane_two)) == {Status.SUCCEEDED}
+    one.refresh_from_db()
+    two.refresh_from_db()
+    assert (one.version, two.version) == (13, 5)  # every job wrote once, each on the last version
+    # Each job records what it found: the version its predecessor in the lane left.
+    found = list(
+        Job.objects.filter(pk__in=[j.pk for j in lane_one])
+        .order_by("id")
+        .values_list("found_version", flat=True)
+    )
+    assert found == list(range(2, 14))
+    assert [ev.event for ev in lane_one[5].history()] == [
+        "enqueued",
+        "claimed",
+        "checked",
+        "succeeded",
+    ]
+    per_job = len(queries) / 16
+    print(f"lane followers: {per_job:.2f} statements per job")
+    assert per_job <= 3, f"{per_job:.2f} statements per job"
+
+
+def test_followers__a_lane_stops_at_a_job_the_fast_path_may_not_run(queued: Any) -> None:
+    customer = CustomerFactory()
+
+    def noop(ctx: Any) -> None:
+        return None
+
+    with temp_handler("t.send", noop, external=True):
+        jobs = _lane(customer, ["t.touch", "t.touch", "t.send", "t.touch"])
+        batch.run_batch(ledger.claim_batch(10), chain=20)
+    assert _refresh(jobs) == [Status.SUCCEEDED, Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
+
+
+def test_followers__a_failing_follower_rolls_back_the_followers_only(queued: Any) -> None:
+    customer = CustomerFactory()
+
+    def flaky(ctx: Any) -> None:
+        ctx.update(phone="+9")
+        if ctx.job.pk == jobs[2].pk:
+            raise ValueError("boom")
+
+    with temp_handler("t.flaky", flaky):
+        jobs = _lane(customer, ["t.flaky"] * 4)
+        outcomes = batch.run_batch(ledger.claim_batch(10), chain=20)
+    assert [o.job_id for o in outcomes] == [jobs[0].pk]
+    assert _refresh(jobs) == [Status.SUCCEEDED] + [Status.QUEUED] * 3
+    customer.refresh_from_db()
+    assert customer.version == 2  # the followers' writes rolled back with them
+    assert not Job.objects.filter(pk__in=[j.pk for j in jobs[1:]], attempts__gt=0).exists()
+
+
+def test_followers__a_deleted_record_stops_its_lane(queued: Any) -> None:
+    customer = CustomerFactory()
+    jobs = _lane(customer, ["t.touch", "t.touch"])
+    claims = ledger.claim_batch(10)
+    Customer.objects.filter(pk=customer.pk).delete()  # after the claim, before the batch runs
+    outcomes = batch.run_batch(claims, chain=20)
+    assert [(o.job_id, o.reason) for o in outcomes] == [(jobs[0].pk, "source_deleted")]
+    assert _refresh(jobs) == [Status.REJECTED, Status.QUEUED]
+
+
+def test_followers__a_cancelled_job_releases_its_lane_to_the_next(queued: Any) -> None:
+    customer = CustomerFactory()
+    jobs = _lane(customer, ["t.touch", "t.touch", "t.touch"])
+    claims = ledger.claim_batch(10)
+    Job.objects.filter(pk=jobs[1].pk).update(status=Status.CANCELLED)  # staff, meanwhile
+    outcomes = batch.run_batch(claims, chain=20)
+    assert [o.job_id for o in outcomes] == [jobs[0].pk, jobs[2].pk]
+    assert _refresh(jobs) == [Status.SUCCEEDED, Status.CANCELLED, Status.SUCCEEDED]
+
+
+def test_followers__one_no_longer_claimable_when_recorded_rolls_the_followers_back(
+    queued: Any,
+) -> None:
+    customer = CustomerFactory()
+
+    def postpone_second(ctx: Any) -> None:
+        ctx.update(phone="+2")
+        if ctx.job.pk == jobs[1].pk:
+            # As if it changed after the followers were read: not due any more.
+            Job.objects.filter(pk=ctx.job.pk).update(run_after=Now() + Value(timedelta(hours=1)))
+
+    with temp_handler("t.postpone", postpone_second):
+        jobs = _lane(customer, ["t.postpone"] * 3)
+        outcomes = batch.run_batch(ledger.claim_batch(10), chain=20)
+    assert [o.job_id for o in outcomes] == [jobs[0].pk]
+    assert _refresh(jobs) == [Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
+    customer.refresh_from_db()
+    assert customer.version == 2

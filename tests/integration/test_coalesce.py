@@ -153,3 +153,24 @@ def test_gate__a_broker_error_means_send(settings: Any, monkeypatch: pytest.Monk
     assert coalesce.arm() is True
     assert coalesce.call_helper() is True
     assert coalesce.open_gate() is True  # and it still looks once more
+
+
+def test_orm_broker__a_waiting_message_serves_the_next_enqueues(
+    settings: Any, enqueue: Any, monkeypatch: pytest.MonkeyPatch
+):
+    from django_q.conf import Conf
+    from django_q.models import OrmQ
+
+    if not Conf.ORM:
+        pytest.skip("the suite runs on the Redis broker (REDIS_URL)")
+    name = f"test-coalesce-orm-{uuid.uuid4().hex[:6]}"
+    settings.TOMBSTONES_COALESCE_WAKES = True
+    settings.TOMBSTONES_Q_OPTIONS = {"cluster": name, "sync": False}
+    monkeypatch.setattr(batch, "_cluster_workers", lambda: 1)
+    jobs = enqueue(3)
+    assert OrmQ.objects.filter(key=name).count() == 1  # no gate: the waiting message is the test
+    outcomes = batch.pump()  # what the cluster does when it takes that message
+    assert sorted(o.job_id for o in outcomes) == sorted(j.pk for j in jobs)
+    OrmQ.objects.filter(key=name).delete()  # acknowledged
+    enqueue(1)
+    assert OrmQ.objects.filter(key=name).count() == 1  # nothing waiting: a message again
