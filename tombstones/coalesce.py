@@ -97,27 +97,12 @@ def message_waiting(found: Any) -> bool:
 
 def arm() -> bool:
     """Enqueue side, after commit: True if this enqueue must send a message."""
-    found = broker()
-    client = _redis(found)
-    if client is None:
-        return not message_waiting(found)
-    try:
-        return bool(client.set(_key(found, "gate"), "1", nx=True, px=GATE_TTL))
-    except Exception:  # noqa: BLE001 - unknown means "send the message"
-        return True
+    return _take("gate")
 
 
 def open_gate() -> bool:
     """Pump side, when it found nothing due: open the gate; True if the pump must look again."""
-    found = broker()
-    client = _redis(found)
-    if client is None:
-        return False
-    try:
-        client.delete(_key(found, "gate"))
-    except Exception:  # noqa: BLE001 - the key expires by itself
-        logger.warning("could not open the wake-up gate; it expires in %s ms", GATE_TTL)
-    return True
+    return _release("gate")
 
 
 def call_helper() -> bool:
@@ -125,23 +110,37 @@ def call_helper() -> bool:
 
     One helper message at a time: each helper's pump may call the next, up to the workers.
     """
+    return _take("helper")
+
+
+def helper_arrived() -> None:
+    """Pump side, at its start: a helper message is no longer pending."""
+    _release("helper")
+
+
+def _take(name: str) -> bool:
+    """Set the key if unset (it expires): True if this process set it, so it sends the message.
+
+    Without Redis: True if no message waits in the broker.
+    """
     found = broker()
     client = _redis(found)
     if client is None:
         return not message_waiting(found)
     try:
-        return bool(client.set(_key(found, "helper"), "1", nx=True, px=GATE_TTL))
-    except Exception:  # noqa: BLE001 - unknown means "send it"
+        return bool(client.set(_key(found, name), "1", nx=True, px=GATE_TTL))
+    except Exception:  # noqa: BLE001 - unknown means "send the message"
         return True
 
 
-def helper_arrived() -> None:
-    """Pump side, at its start: a helper message is no longer pending."""
+def _release(name: str) -> bool:
+    """Delete the key; True if there is one (Redis), False with any other broker."""
     found = broker()
     client = _redis(found)
     if client is None:
-        return
+        return False
     try:
-        client.delete(_key(found, "helper"))
+        client.delete(_key(found, name))
     except Exception:  # noqa: BLE001 - the key expires by itself
-        return
+        logger.warning("could not delete the wake-up %s key; it expires in %s ms", name, GATE_TTL)
+    return True

@@ -27,6 +27,7 @@ ROOT = Path(settings.BASE_DIR)
 
 __all__ = [
     "Cluster",
+    "assert_lane_order",
     "backdate_lease",
     "entity",
     "kill",
@@ -141,3 +142,16 @@ def _drop_queue(name: str) -> None:
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+def assert_lane_order(records: list[StressEntity], jobs: list[Job]) -> None:
+    """Each record's writes (stress.apply's AppliedWrite rows) came in its jobs' id order."""
+    from project.stress.models import AppliedWrite
+
+    for record in records:
+        order = list(
+            AppliedWrite.objects.filter(key=record.key)
+            .order_by("id")
+            .values_list("job_id", flat=True)
+        )
+        assert order == sorted(j.pk for j in jobs if j.object_id == str(record.pk))

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 from django_q.models import Schedule
 
-from project.stress.models import AppliedWrite
 from tests.jobkit import redis_broker, redis_client, redis_url
 from tombstones import coalesce, dispatch
 from tombstones.models import Job
 
-from .helpers_cluster import Cluster, entity, wait_for
+from .helpers_cluster import Cluster, assert_lane_order, entity, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -55,13 +54,7 @@ def test_coalesced_cluster__runs_every_job_in_lane_order_with_few_messages(
         client.delete(f"{broker.list_key}:tombstones:helper")
     assert set(Job.objects.values_list("status", flat=True)) == {Job.Status.SUCCEEDED}
     assert len(jobs) == 120
-    for record in lanes:
-        order = list(
-            AppliedWrite.objects.filter(key=record.key)
-            .order_by("id")
-            .values_list("job_id", flat=True)
-        )
-        assert order == sorted(j.pk for j in jobs if j.object_id == str(record.pk))
+    assert_lane_order(lanes, jobs)
     # The enqueuer sent a message only when it armed the gate: far fewer than one per job.
     print(f"{len(sent)} messages from the enqueuer for {len(jobs)} jobs")
     assert 1 <= len(sent) < len(jobs) / 3, f"{len(sent)} messages for {len(jobs)} jobs"

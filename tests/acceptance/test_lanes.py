@@ -22,7 +22,14 @@ from tombstones.dispatch import enqueue
 from tombstones.models import Job, JobEvent
 from tombstones.sweep import sweep
 
-from .helpers_cluster import Cluster, backdate_lease, entity, quiet_queue, wait_for
+from .helpers_cluster import (
+    Cluster,
+    assert_lane_order,
+    backdate_lease,
+    entity,
+    quiet_queue,
+    wait_for,
+)
 
 Status = Job.Status
 REPEATS = 200
@@ -261,13 +268,7 @@ def test_lanes__a_cluster_runs_each_lane_in_order_and_lanes_in_parallel(settings
         ]
         wait_for(lambda: not Job.objects.filter(status__in=Job.UNFINISHED).exists(), timeout=90)
     assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
-    for record in records:
-        order = list(
-            AppliedWrite.objects.filter(key=record.key)
-            .order_by("id")
-            .values_list("job_id", flat=True)
-        )
-        assert order == sorted(j.pk for j in jobs if j.object_id == str(record.pk))
+    assert_lane_order(records, jobs)
     # Two worker processes shared the work.
     owners = set(Job.objects.values_list("owner", flat=True))
     assert len(owners) >= 2
