@@ -96,14 +96,17 @@ def wake_unless_pending(job_id: int) -> str | None:
     due internal lane head, this job included (see :mod:`tombstones.coalesce`). A lost message is
     the sweep's to repair.
     """
-    if (
+    coalescing = (
         tombstone_settings.COALESCE_WAKES
         and tombstone_settings.BATCH_SIZE
         and not tombstone_settings.Q_OPTIONS.get("sync", _q_sync())
-        and not coalesce.arm()
-    ):
+    )
+    if coalescing and not coalesce.arm():
         return None
-    return wake(job_id)
+    sent = wake(job_id)
+    if coalescing and sent is None:
+        coalesce.open_gate()  # nothing will open it: let the next enqueue send its message
+    return sent
 
 
 def _q_sync() -> bool:

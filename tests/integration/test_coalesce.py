@@ -143,6 +143,25 @@ def test_pump__fast_handlers_take_every_due_head_in_one_batch(
     assert queue.messages == 1  # nothing left to others: no helper
 
 
+def test_gate__a_failed_send_leaves_the_gate_open(
+    queue: Queue, enqueue: Any, monkeypatch: pytest.MonkeyPatch
+):
+    import django_q.tasks
+
+    real = django_q.tasks.async_task
+
+    def broker_down(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(django_q.tasks, "async_task", broker_down)
+    enqueue(1)  # its wake-up is lost (the sweep re-dispatches the job) ...
+    assert queue.messages == 0
+    assert not queue.gate_armed
+    monkeypatch.setattr(django_q.tasks, "async_task", real)
+    enqueue(1)  # ... and the next enqueue is not silenced by a gate nobody will open
+    assert queue.messages == 1
+
+
 def test_gate__a_broker_error_means_send(settings: Any, monkeypatch: pytest.MonkeyPatch):
     import redis
 
