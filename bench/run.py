@@ -211,23 +211,15 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=str(ROOT), capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
 def git_head() -> str:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=str(ROOT),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "tombstones"],
-            cwd=str(ROOT),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        dirty = _git("status", "--porcelain", "tombstones")
+        return _git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
     except OSError:
         return ""
 

@@ -13,6 +13,18 @@ from tombstones import registry
 from tombstones.models import Job
 from tombstones.worker import run_job
 
+# What an operator (staff with every job action) is granted in the tombstones app.
+STAFF_CODENAMES = (
+    "view_job",
+    "view_jobevent",
+    "view_rejection",
+    "view_dashboard",
+    "resolve_job",
+    "resume_job",
+    "cancel_job",
+    "skip_lane_head",
+)
+
 
 @contextmanager
 def temp_handler(

@@ -341,17 +341,7 @@ class JobEventAdmin(AuditColumns):
     search_fields = ("=object_id",)
     search_help_text = "Job id (#42) or record pk (7 or customers.customer:7)."
     list_select_related = ("content_type",)
-    fields = (
-        "id",
-        "created_at",
-        "event",
-        "job_link",
-        "record",
-        "reason_code",
-        "expected",
-        "found",
-        "worker",
-    )
+    fields = (*list_display, "worker")
     readonly_fields = fields
 
     def get_search_results(

@@ -123,11 +123,6 @@ def claim(job_id: int, *, using: str | None = None) -> Claim | None:
     return Claim(job=job, token=token, worker=wid)
 
 
-def claim_batch(limit: int, *, workers: int = 1, using: str | None = None) -> list[Claim]:
-    """Take the lease on up to ``limit`` lane heads at once (see :func:`claim_share`)."""
-    return claim_share(limit, workers=workers, using=using)[0]
-
-
 def claim_share(
     limit: int, *, workers: int = 1, spread: bool = True, using: str | None = None
 ) -> tuple[list[Claim], list[int]]:
@@ -177,17 +172,11 @@ def claim_share(
     return [Claim(job=job, token=token, worker=wid) for job in jobs.order_by("id")], left
 
 
-def finish_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:
-    """Record many successes in one UPDATE and one INSERT (inside the writes' transaction).
+def record_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:
+    """Record many successes in one UPDATE, inside the transaction that made their writes.
 
     Raises LeaseLost unless every claim is still ours, so a zombie's batch rolls back whole.
     """
-    record_succeeded(claims, found)
-    add_success_events([(c.job, c.worker) for c in claims], found)
-
-
-def record_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:
-    """The outcome UPDATE of :func:`finish_succeeded`; LeaseLost unless every claim is ours."""
     if not claims:
         return
     db = claims[0].job._state.db

@@ -32,6 +32,7 @@ from django.urls import reverse
 
 from project.customers.models import Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
+from tests.jobkit import STAFF_CODENAMES
 from tombstones.dispatch import enqueue
 from tombstones.models import Job, JobEvent
 from tombstones.roles import AUDITORS
@@ -64,16 +65,7 @@ pytestmark = [
 
 STAFF_PERMISSIONS = {
     "customers": ("view_customer", "change_customer", "delete_customer", "view_sheetrow"),
-    "tombstones": (
-        "view_job",
-        "view_jobevent",
-        "view_rejection",
-        "view_dashboard",
-        "resolve_job",
-        "resume_job",
-        "cancel_job",
-        "skip_lane_head",
-    ),
+    "tombstones": STAFF_CODENAMES,
 }
 
 

@@ -22,7 +22,7 @@ from django.urls import reverse
 
 from project.customers.models import Customer
 from tests.factories import CustomerFactory
-from tests.jobkit import run, temp_handler
+from tests.jobkit import STAFF_CODENAMES, run, temp_handler
 from tombstones import ledger
 from tombstones.dispatch import enqueue
 from tombstones.models import Job, JobEvent, Rejection
@@ -39,17 +39,6 @@ PLANTED_PHONE = "+15550007781"
 PLANTED_PARAM = "param-secret-4412"
 PLANTED_ERROR = "error-text-9931"
 PLANTED = (PLANTED_NAME, PLANTED_EMAIL, PLANTED_PHONE, PLANTED_PARAM, PLANTED_ERROR)
-
-STAFF_CODENAMES = (
-    "view_job",
-    "view_jobevent",
-    "view_rejection",
-    "view_dashboard",
-    "resolve_job",
-    "resume_job",
-    "cancel_job",
-    "skip_lane_head",
-)
 
 
 # --- fixtures ------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_batch__off_the_happy_path_jobs_take_the_classic_path(queued: Any) -> No
 
     with temp_handler("t.broken_batch", broken):
         failing = queued(1, handler="t.broken_batch")[0]
-        outcomes = batch.run_batch(ledger.claim_batch(10))
+        outcomes = batch.run_batch(ledger.claim_share(10)[0])
     by_job = {o.job_id: (o.status, o.reason) for o in outcomes}
     assert by_job[deleted.pk] == (Status.REJECTED, "source_deleted")
     assert by_job[failing.pk] == (Status.FAILED, "handler_error")
@@ -92,7 +92,7 @@ def test_batch__a_lost_fence_rolls_back_the_batch_and_rereads(queued: Any) -> No
 
     with temp_handler("t.racing", racing):
         Job.objects.update(handler="t.racing")
-        outcomes = batch.run_batch(ledger.claim_batch(10))
+        outcomes = batch.run_batch(ledger.claim_share(10)[0])
     assert {o.status for o in outcomes} == {Status.SUCCEEDED}
     victim.refresh_from_db()
     # The bump was rolled back with the batch; the classic pass then wrote it once.
@@ -104,10 +104,10 @@ def test_batch__claims_only_lane_heads_and_keeps_order(queued: Any) -> None:
     customer = CustomerFactory()
     first = tombstones.enqueue("t.touch", customer)
     second = tombstones.enqueue("t.touch", customer)
-    claims = ledger.claim_batch(10)
+    claims = ledger.claim_share(10)[0]
     assert [c.job.pk for c in claims] == [first.pk]
     batch.run_batch(claims)
-    claims = ledger.claim_batch(10)
+    claims = ledger.claim_share(10)[0]
     assert [c.job.pk for c in claims] == [second.pk]
     batch.run_batch(claims)
     first.refresh_from_db()
@@ -117,13 +117,13 @@ def test_batch__claims_only_lane_heads_and_keeps_order(queued: Any) -> None:
 
 def test_batch__a_zombie_batch_writes_nothing(queued: Any) -> None:
     jobs = queued(3)
-    claims = ledger.claim_batch(10)
+    claims = ledger.claim_share(10)[0]
     # The worker stalls; its lease runs out and the sweep hands the jobs to someone else.
     Job.objects.update(lease_expires_at=Now() - Value(timedelta(seconds=1)))
     from tombstones.sweep import sweep
 
     assert sweep(dispatch=False)["requeued"] == 3
-    again = ledger.claim_batch(10)
+    again = ledger.claim_share(10)[0]
     assert len(again) == 3
     outcomes = batch.run_batch(claims)  # the zombie wakes up
     assert {(o.status, o.reason) for o in outcomes} == {(Status.RUNNING, "lease_expired")}
@@ -134,37 +134,18 @@ def test_batch__a_zombie_batch_writes_nothing(queued: Any) -> None:
     assert all(j.events.filter(event="succeeded").count() == 1 for j in jobs)
 
 
+def _q_task(result: dict[str, Any]) -> dict[str, Any]:
+    """A successful django-q2 task of the worker, after mark_q_task saw it."""
+    task = {"func": "tombstones.worker.run", "success": True, "result": result}
+    worker.mark_q_task(None, task)
+    return task
+
+
 def test_q_task__carried_failures_fail_the_task_and_idle_wakes_are_not_stored() -> None:
-    ok = {
-        "func": "tombstones.worker.run",
-        "success": True,
-        "result": {
-            "job": 1,
-            "status": "succeeded",
-            "claimed": True,
-            "carried": [[2, "succeeded", ""]],
-        },
-    }
-    worker.mark_q_task(None, ok)
-    assert ok["success"] is True
-    bad = {
-        "func": "tombstones.worker.run",
-        "success": True,
-        "result": {
-            "job": 1,
-            "status": "succeeded",
-            "claimed": True,
-            "carried": [[2, "rejected", "x"]],
-        },
-    }
-    worker.mark_q_task(None, bad)
-    assert bad["success"] is False
-    idle = {
-        "func": "tombstones.worker.run",
-        "success": True,
-        "result": {"job": 3, "status": "rejected", "claimed": False},
-    }
-    worker.mark_q_task(None, idle)
+    ran = {"job": 1, "status": "succeeded", "claimed": True}
+    assert _q_task({**ran, "carried": [[2, "succeeded", ""]]})["success"] is True
+    assert _q_task({**ran, "carried": [[2, "rejected", "x"]]})["success"] is False
+    idle = _q_task({"job": 3, "status": "rejected", "claimed": False})
     assert idle["save"] is False
 
 
@@ -187,7 +168,7 @@ def test_batch_claims__two_workers_take_disjoint_sets(postgres_only: None, setti
             ) -> None:
                 try:
                     barrier.wait(timeout=10)
-                    taken[slot] = [c.job.pk for c in ledger.claim_batch(4)]
+                    taken[slot] = [c.job.pk for c in ledger.claim_share(4)[0]]
                 finally:
                     connection.close()
 
@@ -247,7 +228,7 @@ def test_followers__drain_lanes_in_order_in_few_statements(queued: Any) -> None:
     lane_one = _lane(one, ["t.touch"] * 12)
     lane_two = _lane(two, ["t.touch"] * 4)
     with CaptureQueriesContext(connection) as queries:
-        outcomes = batch.run_batch(ledger.claim_batch(10), chain=20)
+        outcomes = batch.run_batch(ledger.claim_share(10)[0], chain=20)
     assert [o.job_id for o in outcomes] == [lane_one[0].pk, lane_two[0].pk] + [
         j.pk for pair in zip(lane_one[1:4], lane_two[1:4], strict=True) for j in pair
     ] + [j.pk for j in lane_one[4:]]
@@ -281,7 +262,7 @@ def test_followers__a_lane_stops_at_a_job_the_fast_path_may_not_run(queued: Any)
 
     with temp_handler("t.send", noop, external=True):
         jobs = _lane(customer, ["t.touch", "t.touch", "t.send", "t.touch"])
-        batch.run_batch(ledger.claim_batch(10), chain=20)
+        batch.run_batch(ledger.claim_share(10)[0], chain=20)
     assert _refresh(jobs) == [Status.SUCCEEDED, Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
 
 
@@ -295,7 +276,7 @@ def test_followers__a_failing_follower_rolls_back_the_followers_only(queued: Any
 
     with temp_handler("t.flaky", flaky):
         jobs = _lane(customer, ["t.flaky"] * 4)
-        outcomes = batch.run_batch(ledger.claim_batch(10), chain=20)
+        outcomes = batch.run_batch(ledger.claim_share(10)[0], chain=20)
     assert [o.job_id for o in outcomes] == [jobs[0].pk]
     assert _refresh(jobs) == [Status.SUCCEEDED] + [Status.QUEUED] * 3
     customer.refresh_from_db()
@@ -306,7 +287,7 @@ def test_followers__a_failing_follower_rolls_back_the_followers_only(queued: Any
 def test_followers__a_deleted_record_stops_its_lane(queued: Any) -> None:
     customer = CustomerFactory()
     jobs = _lane(customer, ["t.touch", "t.touch"])
-    claims = ledger.claim_batch(10)
+    claims = ledger.claim_share(10)[0]
     Customer.objects.filter(pk=customer.pk).delete()  # after the claim, before the batch runs
     outcomes = batch.run_batch(claims, chain=20)
     assert [(o.job_id, o.reason) for o in outcomes] == [(jobs[0].pk, "source_deleted")]
@@ -316,7 +297,7 @@ def test_followers__a_deleted_record_stops_its_lane(queued: Any) -> None:
 def test_followers__a_cancelled_job_releases_its_lane_to_the_next(queued: Any) -> None:
     customer = CustomerFactory()
     jobs = _lane(customer, ["t.touch", "t.touch", "t.touch"])
-    claims = ledger.claim_batch(10)
+    claims = ledger.claim_share(10)[0]
     Job.objects.filter(pk=jobs[1].pk).update(status=Status.CANCELLED)  # staff, meanwhile
     outcomes = batch.run_batch(claims, chain=20)
     assert [o.job_id for o in outcomes] == [jobs[0].pk, jobs[2].pk]
@@ -336,7 +317,7 @@ def test_followers__one_no_longer_claimable_when_recorded_rolls_the_followers_ba
 
     with temp_handler("t.postpone", postpone_second):
         jobs = _lane(customer, ["t.postpone"] * 3)
-        outcomes = batch.run_batch(ledger.claim_batch(10), chain=20)
+        outcomes = batch.run_batch(ledger.claim_share(10)[0], chain=20)
     assert [o.job_id for o in outcomes] == [jobs[0].pk]
     assert _refresh(jobs) == [Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
     customer.refresh_from_db()
