@@ -147,15 +147,16 @@ def _run_followers(
 ) -> list[Job]:
     """Drain the batch's lanes: their next queued jobs, in lane order, in the batch's transaction.
 
-    Round after round, each lane's next job runs once the one before it is recorded, and one
-    UPDATE claims and records the round (:func:`ledger.succeed_followers`). A lane stops at a job
-    the fast path may not run. Anything wrong (a lost fence, an exception, a job no longer
-    claimable) rolls back the followers only: they stay queued for the next claim.
+    Each lane's jobs run one after the other, and one UPDATE claims and records them all
+    (:func:`ledger.succeed_followers`, which re-checks that each is its lane's head once the jobs
+    before it are done). A lane stops at a job the fast path may not run. Anything wrong (a lost
+    fence, an exception, a job no longer claimable) rolls back the followers only: they stay
+    queued for the next claim.
     """
     if limit <= 0:
         return []
     db = fast[0].job._state.db
-    lanes: dict[str, list[Job]] = {a.job.lane: [] for a in fast}
+    lanes = {a.job.lane for a in fast}
     now = timezone.now()
     try:
         with transaction.atomic(using=db):
@@ -168,28 +169,24 @@ def _run_followers(
             rows = list(queued)
             _read_records(rows, records)
             blocked: set[str] = set()
+            done: list[Job] = []
             for job in rows:
                 if job.lane in blocked:
                     continue
                 due = job.status == Job.Status.QUEUED and job.run_after <= now
-                if due and _fast_handler(job, records) is not None:
-                    lanes[job.lane].append(job)
-                else:
+                if not due or _fast_handler(job, records) is None:
                     blocked.add(job.lane)
-            done: list[Job] = []
-            for depth in range(max(map(len, lanes.values()), default=0)):
-                step = [jobs[depth] for jobs in lanes.values() if len(jobs) > depth]
-                for job in step:
-                    record = records[(job.content_type_id, job.object_id)]
-                    ctx = HandlerContext(ledger.Claim(job=job, token="", worker=worker), record, 0)
-                    get_handler(job.handler).func(ctx)
-                    if ctx.fence_lost is not None:
-                        raise _Fallback
-                    found[job.pk] = (record.generation, record.version)
-                    writes[job.pk] = ctx.writes
-                if not ledger.succeed_followers(step, worker, found):
+                    continue
+                record = records[(job.content_type_id, job.object_id)]
+                ctx = HandlerContext(ledger.Claim(job=job, token="", worker=worker), record, 0)
+                get_handler(job.handler).func(ctx)
+                if ctx.fence_lost is not None:
                     raise _Fallback
-                done += step
+                found[job.pk] = (record.generation, record.version)
+                writes[job.pk] = ctx.writes
+                done.append(job)
+            if not ledger.succeed_followers(done, worker, found):
+                raise _Fallback
     except Exception:  # noqa: BLE001 - the followers roll back and stay queued
         logger.debug("lane followers of a batch roll back; they stay queued")
         return []

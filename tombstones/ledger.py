@@ -10,11 +10,13 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Exists, F, OuterRef, PositiveIntegerField, Q, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from .conf import tombstone_settings
@@ -75,20 +77,26 @@ def lease_until() -> Any:
     return Now() + Value(tombstone_settings.LEASE)
 
 
-def _head_blocked() -> Exists:
+def _head_blocked(behind: Collection[int] = ()) -> Exists:
     earlier = Job.objects.filter(
         lane=OuterRef("lane"), id__lt=OuterRef("id"), status__in=Job.UNFINISHED
     )
+    if behind:
+        earlier = earlier.exclude(pk__in=behind)
     return Exists(earlier)
 
 
-def claimable(using: str | None = None) -> Any:
-    """Jobs a worker may take now: claimable, due, young enough, and the head of their lane."""
+def claimable(using: str | None = None, *, behind: Collection[int] = ()) -> Any:
+    """Jobs a worker may take now: claimable, due, young enough, and the head of their lane.
+
+    Unfinished jobs in ``behind`` do not block their lanes: lane followers taken together with
+    the jobs before them (:func:`succeed_followers`).
+    """
     return (
         Job.objects.using(using)
         .filter(status__in=Job.CLAIMABLE, run_after__lte=Now())
         .filter(created_at__gte=Now() - Value(tombstone_settings.JOB_MAX_AGE))
-        .filter(~_head_blocked())
+        .filter(~_head_blocked(behind))
     )
 
 
@@ -192,7 +200,7 @@ def record_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> 
             lease_expires_at=None,
             claim_token="",
             error_class="",
-            **_found_columns(found),
+            **_found_columns(db, found),
         )
     )
     if matched != len(ids):
@@ -207,13 +215,15 @@ def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, 
     Runs inside the transaction that recorded the jobs before them in their lanes and made their
     own fenced writes, so they are never seen running and hold no lease: either all of it
     commits or none. The UPDATE repeats the claim's conditions (queued, due, young, head of its
-    lane); when any job fails them the caller rolls its writes back.
+    lane once the jobs before it in ``jobs`` count as done); when any job fails them the caller
+    rolls its writes back.
     """
     if not jobs:
         return True
     ids = [job.pk for job in jobs]
+    db = jobs[0]._state.db
     matched = (
-        claimable(jobs[0]._state.db)
+        claimable(db, behind=ids)
         .filter(pk__in=ids, status=Status.QUEUED, external=False)
         .update(
             status=Status.SUCCEEDED,
@@ -226,7 +236,7 @@ def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, 
             lease_expires_at=None,
             sending_at=None,
             error_class="",
-            **_found_columns({pk: found[pk] for pk in ids}),
+            **_found_columns(db, {pk: found[pk] for pk in ids}),
         )
     )
     if matched != len(ids):
@@ -236,11 +246,20 @@ def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, 
     return True
 
 
-def _found_columns(found: dict[int, tuple[int, int]]) -> dict[str, Any]:
-    return {
-        "found_generation": Case(*(When(pk=i, then=Value(g)) for i, (g, _) in found.items())),
-        "found_version": Case(*(When(pk=i, then=Value(v)) for i, (_, v) in found.items())),
-    }
+def _found_columns(db: str, found: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """found_generation and found_version of many jobs: a CASE on the job id each.
+
+    Written as SQL with parameters: When() objects compile one lookup per job, and this runs
+    inside the batch's transaction (on SQLite, while holding the database's write lock).
+    """
+    column = connections[db].ops.quote_name(Job._meta.pk.column)
+    sql = f"CASE {column} {' '.join(['WHEN %s THEN %s'] * len(found))} END"
+
+    def case(index: int) -> RawSQL:
+        params = [value for pk, seen in found.items() for value in (pk, seen[index])]
+        return RawSQL(sql, params, output_field=PositiveIntegerField())
+
+    return {"found_generation": case(0), "found_version": case(1)}
 
 
 def add_success_events(done: list[tuple[Job, str]], found: dict[int, tuple[int, int]]) -> None:
