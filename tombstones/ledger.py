@@ -160,6 +160,8 @@ def claim_share(
         return [], []
     share = max(1, min(limit, -(-len(seen) // max(workers, 1)) if spread else limit))
     ids, left = seen[:share], seen[share:]
+    # Built before BEGIN: on SQLite the transaction holds the database's one write lock.
+    take, values = claimable(db).filter(pk__in=ids), _claimed_by(wid, token)
     try:
         with transaction.atomic(using=db):
             if skip_locked:
@@ -167,7 +169,8 @@ def claim_share(
                 ids = list(locked.values_list("id", flat=True)[:share])
                 if not ids:
                     return [], left
-            matched = claimable(db).filter(pk__in=ids).update(**_claimed_by(wid, token))
+                take = claimable(db).filter(pk__in=ids)
+            matched = take.update(**values)
     except IntegrityError:
         return [], left
     if not matched:
