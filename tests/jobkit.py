@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.db import connection
 from django.db.models import Value
 from django.db.models.functions import Now
 
@@ -24,6 +26,44 @@ STAFF_CODENAMES = (
     "cancel_job",
     "skip_lane_head",
 )
+
+
+JOIN_TIMEOUT = 30  # seconds: a hung race fails instead of hanging the suite
+
+
+def run_together(*actions: Callable[[], Any]) -> list[Any]:
+    """Run each action in its own thread (its own connection), released together by a barrier.
+
+    Returns each action's result, or the exception it raised; a thread still running after
+    JOIN_TIMEOUT fails the test.
+    """
+    barrier = threading.Barrier(len(actions), timeout=JOIN_TIMEOUT)
+    results: list[Any] = [None] * len(actions)
+
+    def worker(index: int, action: Callable[[], Any]) -> None:
+        try:
+            barrier.wait()
+            results[index] = action()
+        except Exception as exc:  # noqa: BLE001 - handed back to the test, which asserts on it
+            results[index] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(i, a)) for i, a in enumerate(actions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT)
+    assert not any(thread.is_alive() for thread in threads), "a racing thread hung"
+    return results
+
+
+def succeeded(results: list[Any]) -> list[Any]:
+    """The results of run_together, re-raising the first exception an action raised."""
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results
 
 
 @contextmanager

@@ -249,13 +249,14 @@ def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, 
     return True
 
 
-def _found_columns(db: str, found: dict[int, tuple[int, int]]) -> dict[str, Any]:
+def _found_columns(db: str | None, found: dict[int, tuple[int, int]]) -> dict[str, Any]:
     """found_generation and found_version of many jobs: a CASE on the job id each.
 
     Written as SQL with parameters: When() objects compile one lookup per job, and this runs
     inside the batch's transaction (on SQLite, while holding the database's write lock).
     """
-    column = connections[db].ops.quote_name(Job._meta.pk.column)
+    ops = connections[db or router.db_for_write(Job)].ops
+    column = ops.quote_name(str(Job._meta.pk.column))
     sql = f"CASE {column} {' '.join(['WHEN %s THEN %s'] * len(found))} END"
 
     def case(index: int) -> RawSQL:

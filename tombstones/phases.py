@@ -13,7 +13,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Exists
 from django.db.models.functions import Now
 
-from . import fencing, ledger
+from . import alarms, fencing, ledger
 from .conf import tombstone_settings
 from .context import HandlerContext
 from .exceptions import TransientError, UnknownHandler
@@ -91,13 +91,17 @@ def _retry(attempt: Attempt, reason: str, error_class: str = "") -> Outcome:
     if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
         return _end(attempt, Status.FAILED, Reason.RETRIES_EXHAUSTED, error_class=error_class)
     delay = tombstone_settings.backoff(job.attempts)
-    return _end(
+    outcome = _end(
         attempt,
         Status.RETRY_WAIT,
         reason,
         run_after=Now() + _interval(delay),
         error_class=error_class,
     )
+    job_id = job.pk
+    # No message waits for a retry: this worker rings for it when the backoff ends.
+    transaction.on_commit(lambda: alarms.wake_when_due(job_id, delay), using=job._state.db)
+    return outcome
 
 
 def _interval(delay: Any) -> Any:

@@ -69,7 +69,7 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
         )
     if dispatch:
         # Heads due for longer than a lease (their message was most likely lost), and retries
-        # now due (a retry_wait job gets no message of its own: the sweep is its wake-up).
+        # now due (a retry_wait job has no message; its worker's alarm dies with the worker).
         stuck = ledger.claimable(using).filter(
             Q(run_after__lt=Now() - Value(tombstone_settings.LEASE))
             | Q(status=Status.RETRY_WAIT, run_after__lte=Now())

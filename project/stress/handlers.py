@@ -12,7 +12,8 @@ Params understood by all three (ids and timings only):
     milliseconds (widens race windows);
     ``signal``: a file path written when the handler is reached (a barrier for tests);
     ``release`` / ``hold``: then wait until that file exists, at most ``hold`` seconds;
-    ``heartbeat``: seconds to run while extending the lease every ``heartbeat_every`` seconds.
+    ``heartbeat``: seconds to run while extending the lease every ``heartbeat_every`` seconds;
+    ``transient_attempts`` (``stress.apply``): raise a TransientError on attempts up to this one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import tombstones
 from tombstones.context import HandlerContext
+from tombstones.exceptions import TransientError
 from tombstones.ledger import worker_id
 
 from .models import AppliedWrite, Delivery, DownstreamRecord
@@ -91,6 +93,8 @@ def delete(ctx: HandlerContext) -> None:
 def apply(ctx: HandlerContext) -> None:
     """Internal: a fenced update of the record and an AppliedWrite row, in one transaction."""
     params = ctx.params
+    if ctx.job.attempts <= int(params.get("transient_attempts", 0)):
+        raise TransientError("stress.apply: a temporary failure, as asked")
     seconds = float(params.get("heartbeat", 0))
     if seconds:
         every = float(params.get("heartbeat_every", 0.2))

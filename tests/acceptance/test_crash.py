@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ from django.db import OperationalError, close_old_connections, connection
 from django.test.utils import override_settings
 
 from project.stress.models import AppliedWrite, Delivery, StressEntity
+from tests.jobkit import run_together, succeeded
 from tombstones import worker
 from tombstones.dispatch import enqueue, wake
 from tombstones.models import Job, JobEvent
@@ -295,21 +295,7 @@ def test_crash__two_threads_claim_while_worker_dies_only_one_rescue(queue: str) 
     job = enqueue("stress.apply", record)
     Job.objects.filter(pk=job.pk).update(status=Status.RUNNING, claim_token="dead", attempts=1)
     backdate_lease(job.pk)
-    barrier = threading.Barrier(2)
-    counts: list[dict[str, int]] = []
-
-    def sweeper() -> None:
-        try:
-            barrier.wait(5)
-            counts.append(sweep(dispatch=False))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=sweeper) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    counts = succeeded(run_together(*[lambda: sweep(dispatch=False)] * 2))
     assert sum(c["requeued"] for c in counts) == 1
     rescuers = [start_worker(job.pk, queue=queue) for _ in range(2)]
     results = [json.loads(finish(p)) for p in rescuers]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 import tombstones
 from project.customers.models import Customer
 from tests.factories import CustomerFactory
-from tests.jobkit import temp_handler
+from tests.jobkit import run_together, succeeded, temp_handler
 from tombstones import batch, ledger, worker
 from tombstones.models import Job
 
@@ -160,23 +159,10 @@ def test_batch_claims__two_workers_take_disjoint_sets(postgres_only: None, setti
             for customer in customers:  # two jobs per lane
                 tombstones.enqueue("t.touch", customer)
                 tombstones.enqueue("t.touch", customer)
-            barrier = threading.Barrier(2)
-            taken: list[list[int]] = [[], []]
-
-            def claim(
-                slot: int, barrier: threading.Barrier = barrier, taken: list[list[int]] = taken
-            ) -> None:
-                try:
-                    barrier.wait(timeout=10)
-                    taken[slot] = [c.job.pk for c in ledger.claim_share(4)[0]]
-                finally:
-                    connection.close()
-
-            threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=30)
+            taken = [
+                [c.job.pk for c in claims]
+                for claims, _ in succeeded(run_together(*[lambda: ledger.claim_share(4)] * 2))
+            ]
             assert not set(taken[0]) & set(taken[1])
             running = list(Job.objects.filter(status=Status.RUNNING).values_list("lane", flat=True))
             assert len(running) == len(set(running))  # never two running in one lane

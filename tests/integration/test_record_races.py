@@ -6,42 +6,15 @@ the row. Threads get their own connection from Django and close it when they fin
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-from django.db import connection
 
 from project.customers.models import Customer
+from tests.jobkit import run_together
 from tombstones.exceptions import AlreadyLive, RecordDeleted
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-JOIN_TIMEOUT = 30  # seconds: a hung round fails instead of hanging the suite
-
-
-def run_together(*actions: Callable[[], Any]) -> list[Any]:
-    """Run each action in its own thread, released together; return a result or the exception."""
-    barrier = threading.Barrier(len(actions), timeout=JOIN_TIMEOUT)
-    results: list[Any] = [None] * len(actions)
-
-    def worker(index: int, action: Callable[[], Any]) -> None:
-        try:
-            barrier.wait()
-            results[index] = action()
-        except Exception as exc:  # noqa: BLE001 - handed back to the test, which asserts on it
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker, args=(i, a)) for i, a in enumerate(actions)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(JOIN_TIMEOUT)
-    assert not any(thread.is_alive() for thread in threads), "a racing thread hung"
-    return results
 
 
 def test_save_racing_delete__never_resurrects(postgres_only: None) -> None:

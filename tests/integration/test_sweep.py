@@ -3,7 +3,6 @@ django-q2 schedule; two sweeps at once."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -15,6 +14,7 @@ from django.test.utils import override_settings
 from django_q.models import Schedule
 
 from project.stress.models import StressEntity
+from tests.jobkit import run_together, succeeded
 from tombstones import ledger
 from tombstones import sweep as sweep_module
 from tombstones.dispatch import enqueue
@@ -145,25 +145,7 @@ def test_sweep__two_sweeps_at_once_are_harmless(settled: None, woken: list[int])
         ledger.mark_sending(c, Q())
     for c in claims + sending:
         _expire(c.job)
-    barrier = threading.Barrier(2)
-    results: list[dict[str, int]] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            barrier.wait(10)
-            results.append(sweep())
-        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors
+    results = succeeded(run_together(sweep, sweep))
     assert sum(r["requeued"] for r in results) == len(claims)
     assert sum(r["uncertain"] for r in results) == 1
     for c in claims:
