@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, router, transaction
 from django.utils import timezone
 
 from . import coalesce, ledger, phases
@@ -34,10 +34,14 @@ def run_batch(claims: list[ledger.Claim], *, chain: int = 0) -> list[phases.Outc
     """Run claimed lane heads; with ``chain`` > 0, up to that many of their lanes' next jobs too."""
     attempts = [phases.Attempt(claim=claim) for claim in claims]
     fast, slow, records = _split(attempts)
-    outcomes = _act_together(fast, records, chain)
-    if outcomes is None:
-        slow = fast + slow
-        outcomes = []
+    outcomes: list[phases.Outcome] = []
+    if fast:
+        try:
+            with transaction.atomic(using=fast[0].job._state.db):
+                outcomes = _run_fast(fast, records, chain, claimed=True)
+        except Exception:  # noqa: BLE001 - rolled back; the classic path re-runs and classifies each
+            logger.debug("batch of %s jobs falls back to the classic path", len(fast))
+            slow = fast + slow
     for attempt in sorted(slow, key=lambda a: a.job.pk):
         ledger.add_event(attempt.job, ledger.Event.CLAIMED, worker=attempt.claim.worker)
         attempt.record = None
@@ -45,15 +49,59 @@ def run_batch(claims: list[ledger.Claim], *, chain: int = 0) -> list[phases.Outc
     return outcomes
 
 
+def run_due(
+    limit: int, *, budget: int = 0, workers: int = 1, using: str | None = None
+) -> tuple[list[phases.Outcome], list[int]]:
+    """Fast handlers: run up to ``limit`` due lane heads, claimed in the transaction that runs them.
+
+    It looks first (no lock: an idle wake-up takes none), then its transaction takes the heads
+    (:func:`ledger.take_heads`), runs them and their lanes' next jobs (up to ``limit``, and
+    ``budget`` jobs in all), and claims and records them all with the UPDATEs that repeat the
+    claim's conditions (:func:`ledger.succeed_unclaimed`). A job that the fast path may not run,
+    or a batch that rolls back, takes the classic path: a claim with a lease, one job at a time.
+    Returns the outcomes and the due heads seen and left to other workers (it looks at up to
+    ``limit`` x ``workers``).
+    """
+    db = using or router.db_for_write(Job)
+    seen = ledger.due_heads(limit * max(workers, 1), using=db)
+    if not seen:
+        return [], []
+    looked, left = seen[:limit], [job.pk for job in seen[limit:]]
+    worker = ledger.worker_id()
+    try:
+        records = _read_records(looked)  # before BEGIN: SQLite's write lock is held from BEGIN on
+    except DatabaseError:
+        records = {}  # read again in the transaction, where a failure sends all to the classic path
+    attempts: list[phases.Attempt] = []
+    outcomes: list[phases.Outcome] = []
+    try:
+        with transaction.atomic(using=db):
+            taken = ledger.take_heads(looked, using=db)
+            attempts = [phases.Attempt(claim=ledger.Claim(job, "", worker)) for job in taken]
+            fast, slow, records = _split(attempts, records)
+            outcomes = _run_fast(fast, records, min(limit, budget - len(taken)), claimed=False)
+    except Exception:  # noqa: BLE001 - rolled back; the classic path claims and runs each
+        logger.debug("batch of %s jobs falls back to the classic path", len(attempts))
+        slow = attempts
+    for attempt in sorted(slow, key=lambda a: a.job.pk):
+        claimed = phases.claim(attempt.job.pk, using=db)
+        if claimed is not None:  # None: another worker took it meanwhile
+            outcomes.append(phases.run_claimed(claimed))
+    return outcomes, left
+
+
 Records = dict[tuple[int, str], Any]
 
 
 def _split(
-    attempts: list[phases.Attempt],
+    attempts: list[phases.Attempt], records: Records | None = None
 ) -> tuple[list[phases.Attempt], list[phases.Attempt], Records]:
-    """Jobs ready for the fast path (internal, fenced, record live at its generation) and others."""
+    """Jobs ready for the fast path (internal, fenced, record live at its generation) and others.
+
+    Reads the records not already in ``records``.
+    """
     try:
-        records = _read_records([a.job for a in attempts])
+        records = _read_records([a.job for a in attempts], records)
     except DatabaseError:
         return [], attempts, {}  # the classic check pauses them one by one
     fast, slow = [], []
@@ -105,33 +153,36 @@ def _read_records(jobs: list[Job], found: Records | None = None) -> Records:
     return found
 
 
-def _act_together(
-    fast: list[phases.Attempt], records: Records, chain: int
-) -> list[phases.Outcome] | None:
+def _run_fast(
+    fast: list[phases.Attempt], records: Records, chain: int, *, claimed: bool
+) -> list[phases.Outcome]:
+    """In the caller's transaction: run the fast jobs' handlers and record their outcomes.
+
+    ``claimed``: the jobs hold this worker's claim (:func:`run_batch`); otherwise the one UPDATE
+    that records them also claims them (:func:`run_due`). Raises when anything is off the happy
+    path, so that the caller's transaction rolls back whole.
+    """
     if not fast:
         return []
-    db = fast[0].job._state.db
     found: dict[int, tuple[int, int]] = {}
     writes: dict[int, int] = {}
-    try:
-        with transaction.atomic(using=db):
-            started = time.monotonic()
-            for attempt in fast:
-                ctx = HandlerContext(attempt.claim, attempt.record, 0)
-                attempt.handler.func(ctx)  # type: ignore[union-attr]
-                if ctx.fence_lost is not None:
-                    raise _Fallback
-                found[attempt.job.pk] = (attempt.record.generation, attempt.record.version)
-                writes[attempt.job.pk] = ctx.writes
-            _learn_pace(time.monotonic() - started, len(fast))
-            ledger.record_succeeded([a.claim for a in fast], found)
-            worker = fast[0].claim.worker
-            followers = _run_followers(fast, records, chain, worker, found, writes)
-            done = [(a.job, a.claim.worker) for a in fast] + [(j, worker) for j in followers]
-            ledger.add_success_events(done, found)
-    except Exception:  # noqa: BLE001 - rolled back; the classic path re-runs and classifies each
-        logger.debug("batch of %s jobs falls back to the classic path", len(fast))
-        return None
+    worker = fast[0].claim.worker
+    started = time.monotonic()
+    for attempt in fast:
+        ctx = HandlerContext(attempt.claim, attempt.record, 0)
+        attempt.handler.func(ctx)  # type: ignore[union-attr]
+        if ctx.fence_lost is not None:
+            raise _Fallback
+        found[attempt.job.pk] = (attempt.record.generation, attempt.record.version)
+        writes[attempt.job.pk] = ctx.writes
+    _learn_pace(time.monotonic() - started, len(fast))
+    if claimed:
+        ledger.record_succeeded([a.claim for a in fast], found)
+    elif not ledger.succeed_unclaimed([a.job for a in fast], worker, found):
+        raise _Fallback
+    followers = _run_followers(fast, records, chain, worker, found, writes)
+    done = [(a.job, a.claim.worker) for a in fast] + [(job, worker) for job in followers]
+    ledger.add_success_events(done, found)
     return [
         phases.Outcome(job.pk, ledger.Status.SUCCEEDED, "", 0, writes[job.pk]) for job, _ in done
     ]
@@ -148,7 +199,7 @@ def _run_followers(
     """Drain the batch's lanes: their next queued jobs, in lane order, in the batch's transaction.
 
     Each lane's jobs run one after the other, and one UPDATE claims and records them all
-    (:func:`ledger.succeed_followers`, which re-checks that each is its lane's head once the jobs
+    (:func:`ledger.succeed_unclaimed`, which re-checks that each is its lane's head once the jobs
     before it are done). A lane stops at a job the fast path may not run. Anything wrong (a lost
     fence, an exception, a job no longer claimable) rolls back the followers only: they stay
     queued for the next claim.
@@ -185,7 +236,7 @@ def _run_followers(
                 found[job.pk] = (record.generation, record.version)
                 writes[job.pk] = ctx.writes
                 done.append(job)
-            if not ledger.succeed_followers(done, worker, found):
+            if not ledger.succeed_unclaimed(done, worker, found):
                 raise _Fallback
     except Exception:  # noqa: BLE001 - the followers roll back and stay queued
         logger.debug("lane followers of a batch roll back; they stay queued")
@@ -215,6 +266,13 @@ def _cluster_workers() -> int:
     return max(1, int(Conf.WORKERS or 1))
 
 
+def _call_helper(left: list[int]) -> None:
+    from .dispatch import wake
+
+    if left and coalesce.call_helper():
+        wake(left[0])
+
+
 def pump(using: str | None = None) -> list[phases.Outcome]:
     """Claim and run batches of due lane heads until none is left or the wake budget is spent.
 
@@ -231,23 +289,27 @@ def pump(using: str | None = None) -> list[phases.Outcome]:
     coalesce.helper_arrived()
     looked_again = False
     while len(outcomes) < budget:
-        spread = _pace is None or _pace >= FAST_JOB_SECONDS
-        claims, left = ledger.claim_share(
-            min(size, budget - len(outcomes)),
-            workers=_cluster_workers(),
-            spread=spread,
-            using=using,
-        )
-        if not claims:
+        room, workers = budget - len(outcomes), _cluster_workers()
+        limit = min(size, room)
+        if _pace is None or _pace >= FAST_JOB_SECONDS:
+            # Slow (or not yet timed) handlers: this worker's share, claimed with leases; the
+            # heads left go to a helper before the batch runs, so that they run in parallel.
+            claims, left = ledger.claim_share(limit, workers=workers, using=using)
+            if claims:
+                _call_helper(left)
+            ran = run_batch(claims) if claims else []
+        else:
+            # Fast handlers: every due head (up to the batch size), claimed in the transaction
+            # that runs them, and their lanes' next jobs in that transaction too.
+            ran, left = run_due(limit, budget=room, workers=workers, using=using)
+            if ran:
+                _call_helper(left)
+        if not ran:
             if looked_again or not coalesce.open_gate():
                 return outcomes
             looked_again = True
             continue
-        if left and coalesce.call_helper():
-            wake(left[0])
-        # Fast handlers also drain their lanes in the batch's transaction (budget permitting).
-        room = 0 if spread else min(size, budget - len(outcomes) - len(claims))
-        outcomes += run_batch(claims, chain=room)
+        outcomes += ran
     # Budget spent with work left: hand it to another message rather than hog this worker.
     head = ledger.claimable(using).order_by("id").values_list("id", flat=True).first()
     if head is not None:

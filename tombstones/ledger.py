@@ -132,15 +132,15 @@ def claim(job_id: int, *, using: str | None = None) -> Claim | None:
 
 
 def claim_share(
-    limit: int, *, workers: int = 1, spread: bool = True, using: str | None = None
+    limit: int, *, workers: int = 1, using: str | None = None
 ) -> tuple[list[Claim], list[int]]:
     """Take the lease on this worker's share of the due lane heads (one token for the batch).
 
     Returns the claims and the due heads seen and left to the other workers (it looks at up to
-    ``limit`` x ``workers``). A batch runs its jobs one after the other: with ``spread`` it takes
-    only its share of the due heads (1/``workers`` of them, at least one, at most ``limit``), so
-    the other workers find the rest and different lanes run in parallel; without, up to ``limit``
-    (for handlers fast enough that one worker serves them best).
+    ``limit`` x ``workers``). A batch runs its jobs one after the other, so it takes only its
+    share of the due heads (1/``workers`` of them, at least one, at most ``limit``): the other
+    workers find the rest and different lanes run in parallel. (Handlers fast enough that one
+    worker serves them best take the other road, :func:`due_heads`.)
 
     PostgreSQL: the candidates are locked with SKIP LOCKED so concurrent workers take disjoint
     sets; SQLite serialises writers (IMMEDIATE transactions). The UPDATE re-checks "claimable and
@@ -158,7 +158,7 @@ def claim_share(
     seen = list(candidates.values_list("id", flat=True)[: limit * max(workers, 1)])
     if not seen:
         return [], []
-    share = max(1, min(limit, -(-len(seen) // max(workers, 1)) if spread else limit))
+    share = max(1, min(limit, -(-len(seen) // max(workers, 1))))
     ids, left = seen[:share], seen[share:]
     # Built before BEGIN: on SQLite the transaction holds the database's one write lock.
     take, values = claimable(db).filter(pk__in=ids), _claimed_by(wid, token)
@@ -212,14 +212,44 @@ def record_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> 
         claim.job.status, claim.job.reason = Status.SUCCEEDED, Reason.NONE
 
 
-def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, int]]) -> bool:
-    """Claim and record the success of lane followers in one UPDATE: True if all were taken.
+def due_heads(limit: int, *, using: str | None = None) -> list[Job]:
+    """The first ``limit`` due internal lane heads, read without a lock or a claim (the fast path).
 
-    Runs inside the transaction that recorded the jobs before them in their lanes and made their
-    own fenced writes, so they are never seen running and hold no lease: either all of it
-    commits or none. The UPDATE repeats the claim's conditions (queued, due, young, head of its
-    lane once the jobs before it in ``jobs`` count as done); when any job fails them the caller
-    rolls its writes back.
+    :func:`take_heads` and :func:`succeed_unclaimed` decide, in the transaction that runs them,
+    which jobs this worker takes.
+    """
+    heads = claimable(using).filter(external=False).select_related("content_type")
+    return list(heads.order_by("id")[:limit])
+
+
+def take_heads(looked: list[Job], *, using: str | None = None) -> list[Job]:
+    """In the batch's transaction: the due lane heads this worker runs, at most ``len(looked)``.
+
+    SQLite: those of ``looked`` still claimable; the transaction holds the database's write
+    lock, so they are this worker's until it commits. PostgreSQL: due heads locked with SKIP
+    LOCKED (held until commit), the looked ones unless another worker holds them, so concurrent
+    batches take disjoint jobs. Either way :func:`succeed_unclaimed` re-checks.
+    """
+    db = using or router.db_for_write(Job)
+    candidates = claimable(db).filter(external=False)
+    if not connections[db].features.has_select_for_update_skip_locked:
+        still = set(candidates.filter(pk__in=[j.pk for j in looked]).values_list("id", flat=True))
+        return [job for job in looked if job.pk in still]
+    locked = candidates.select_related("content_type").select_for_update(
+        skip_locked=True, of=("self",)
+    )
+    return list(locked.order_by("id")[: len(looked)])
+
+
+def succeed_unclaimed(jobs: list[Job], worker: str, found: dict[int, tuple[int, int]]) -> bool:
+    """Claim and record the success of jobs in one UPDATE: True if all of them were taken.
+
+    For jobs run on the fast path without a claim (lane heads of fast handlers, and their lane
+    followers), inside the transaction that made their fenced writes: they are never seen
+    running and hold no lease, and their writes and outcome commit together or not at all. The
+    UPDATE repeats the claim's conditions (claimable, due, young, internal, and head of its lane
+    once the jobs before it in ``jobs`` count as done); when any job fails them the caller rolls
+    its writes back.
     """
     if not jobs:
         return True
@@ -227,7 +257,7 @@ def succeed_followers(jobs: list[Job], worker: str, found: dict[int, tuple[int, 
     db = jobs[0]._state.db
     matched = (
         claimable(db, behind=ids)
-        .filter(pk__in=ids, status=Status.QUEUED, external=False)
+        .filter(pk__in=ids, external=False)
         .update(
             status=Status.SUCCEEDED,
             reason=Reason.NONE,

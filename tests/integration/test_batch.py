@@ -309,3 +309,100 @@ def test_followers__one_no_longer_claimable_when_recorded_rolls_the_followers_ba
     assert _refresh(jobs) == [Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
     customer.refresh_from_db()
     assert customer.version == 2
+
+
+# --- run_due: fast handlers, claimed in the transaction that runs them ------------------------
+
+
+def _versions() -> dict[int, int]:
+    return dict(Customer.all_objects.values_list("pk", "version"))
+
+
+def test_run_due__heads_and_followers_in_one_transaction_in_few_statements(queued: Any) -> None:
+    one, two = CustomerFactory(), CustomerFactory()
+    lanes = [_lane(one, ["t.touch"] * 8), _lane(two, ["t.touch"] * 8)]
+    singles = queued(4)
+    jobs = lanes[0] + lanes[1] + singles
+    with CaptureQueriesContext(connection) as queries:
+        outcomes, left = batch.run_due(20, budget=100)
+    assert left == []
+    ran = [o.job_id for o in outcomes]
+    assert sorted(ran) == sorted(j.pk for j in jobs)
+    for lane in lanes:
+        assert [pk for pk in ran if pk in {j.pk for j in lane}] == [j.pk for j in lane]
+    assert set(_refresh(jobs)) == {Status.SUCCEEDED}
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    one.refresh_from_db()
+    assert one.version == 9
+    assert [ev.event for ev in lanes[0][0].history()] == [
+        "enqueued",
+        "claimed",
+        "checked",
+        "succeeded",
+    ]
+    # Never seen running: the only statements that change a job are the two that record the
+    # successes (the heads', then the followers').
+    job_writes = [q for q in queries if q["sql"].startswith('UPDATE "tombstones_job"')]
+    assert len(job_writes) == 2
+    per_job = len(queries) / len(jobs)
+    print(f"run_due: {per_job:.2f} statements per job")
+    assert per_job <= 1.8, f"{per_job:.2f} statements per job"
+
+
+def test_run_due__a_head_run_by_another_worker_after_the_look_is_not_run_again(
+    queued: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look is no claim; the batch's transaction decides (lock, then a conditional UPDATE)."""
+    jobs = queued(3)
+    looked = ledger.due_heads(10)
+    worker.run_job(jobs[0].pk)  # another worker, between this one's look and its transaction
+    versions = _versions()
+    monkeypatch.setattr(ledger, "due_heads", lambda limit, using=None: looked)
+    outcomes, _ = batch.run_due(10, budget=10)
+    assert sorted(o.job_id for o in outcomes) == [jobs[1].pk, jobs[2].pk]
+    after = _versions()
+    assert after[int(jobs[0].object_id)] == versions[int(jobs[0].object_id)]  # not written again
+    assert [after[int(j.object_id)] for j in jobs[1:]] == [2, 2]
+    assert set(_refresh(jobs)) == {Status.SUCCEEDED}
+    assert jobs[0].events.filter(event="succeeded").count() == 1
+
+
+def test_run_due__a_lost_fence_rolls_back_and_the_classic_path_claims_each(queued: Any) -> None:
+    jobs = queued(3)
+    victim = Customer.objects.get(pk=jobs[1].object_id)
+    calls: list[int] = []
+
+    def racing(ctx: Any) -> None:
+        calls.append(ctx.job.pk)
+        if len(calls) == 1:
+            Customer.objects.filter(pk=victim.pk).update()  # another writer, inside the batch
+        ctx.update(phone="+5")
+
+    with temp_handler("t.racing", racing):
+        Job.objects.update(handler="t.racing")
+        outcomes, _ = batch.run_due(10, budget=10)
+    assert {o.status for o in outcomes} == {Status.SUCCEEDED}
+    victim.refresh_from_db()
+    assert (victim.version, victim.phone) == (2, "+5")  # the bump rolled back; written once
+    # The classic path claimed each job with a lease (a token), one claim per job.
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert all(j.events.filter(event="claimed").count() == 1 for j in jobs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_due__two_workers_at_once_run_each_job_once(settings: Any) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    with temp_handler("t.touch", _touch):
+        customers = [CustomerFactory() for _ in range(4)]
+        for _round in range(30):
+            Job.objects.all().delete()
+            before = _versions()
+            jobs = [tombstones.enqueue("t.touch", c) for c in customers for _ in range(3)]
+            results = succeeded(run_together(*[lambda: batch.run_due(20, budget=100)] * 2))
+            ran = [o.job_id for outcomes, _ in results for o in outcomes]
+            assert len(ran) == len(set(ran)), "a job ran in both workers"
+            batch.run_due(20, budget=100)  # whatever a rolled-back batch left queued
+            assert set(_refresh(jobs)) == {Status.SUCCEEDED}
+            assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+            after = _versions()
+            assert all(after[c.pk] == before[c.pk] + 3 for c in customers), (before, after)
