@@ -30,15 +30,15 @@ class _Fallback(Exception):
     """The batch transaction is rolled back; every job of it takes the classic path."""
 
 
-def run_batch(claims: list[ledger.Claim], *, chain: int = 0) -> list[phases.Outcome]:
-    """Run claimed lane heads; with ``chain`` > 0, up to that many of their lanes' next jobs too."""
+def run_batch(claims: list[ledger.Claim]) -> list[phases.Outcome]:
+    """Run claimed lane heads (slow handlers: their lanes' next jobs wait for their own turn)."""
     attempts = [phases.Attempt(claim=claim) for claim in claims]
     fast, slow, records = _split(attempts)
     outcomes: list[phases.Outcome] = []
     if fast:
         try:
             with transaction.atomic(using=fast[0].job._state.db):
-                outcomes = _run_fast(fast, records, chain, claimed=True)
+                outcomes = _run_fast(fast, records, 0, claimed=True)
         except Exception:  # noqa: BLE001 - rolled back; the classic path re-runs and classifies each
             logger.debug("batch of %s jobs falls back to the classic path", len(fast))
             slow = fast + slow

@@ -214,7 +214,7 @@ def test_followers__drain_lanes_in_order_in_few_statements(queued: Any) -> None:
     lane_one = _lane(one, ["t.touch"] * 12)
     lane_two = _lane(two, ["t.touch"] * 4)
     with CaptureQueriesContext(connection) as queries:
-        outcomes = batch.run_batch(ledger.claim_share(10)[0], chain=20)
+        outcomes = batch.run_due(20, budget=40)[0]
     ran = [o.job_id for o in outcomes]
     assert ran[:2] == [lane_one[0].pk, lane_two[0].pk]  # the heads, then their lanes in order
     for lane in (lane_one, lane_two):
@@ -249,7 +249,7 @@ def test_followers__a_lane_stops_at_a_job_the_fast_path_may_not_run(queued: Any)
 
     with temp_handler("t.send", noop, external=True):
         jobs = _lane(customer, ["t.touch", "t.touch", "t.send", "t.touch"])
-        batch.run_batch(ledger.claim_share(10)[0], chain=20)
+        batch.run_due(10, budget=30)
     assert _refresh(jobs) == [Status.SUCCEEDED, Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
 
 
@@ -263,7 +263,7 @@ def test_followers__a_failing_follower_rolls_back_the_followers_only(queued: Any
 
     with temp_handler("t.flaky", flaky):
         jobs = _lane(customer, ["t.flaky"] * 4)
-        outcomes = batch.run_batch(ledger.claim_share(10)[0], chain=20)
+        outcomes = batch.run_due(10, budget=30)[0]
     assert [o.job_id for o in outcomes] == [jobs[0].pk]
     assert _refresh(jobs) == [Status.SUCCEEDED] + [Status.QUEUED] * 3
     customer.refresh_from_db()
@@ -274,9 +274,8 @@ def test_followers__a_failing_follower_rolls_back_the_followers_only(queued: Any
 def test_followers__a_deleted_record_stops_its_lane(queued: Any) -> None:
     customer = CustomerFactory()
     jobs = _lane(customer, ["t.touch", "t.touch"])
-    claims = ledger.claim_share(10)[0]
-    Customer.objects.filter(pk=customer.pk).delete()  # after the claim, before the batch runs
-    outcomes = batch.run_batch(claims, chain=20)
+    Customer.objects.filter(pk=customer.pk).delete()  # after the enqueue, before the batch runs
+    outcomes = batch.run_due(10, budget=30)[0]
     assert [(o.job_id, o.reason) for o in outcomes] == [(jobs[0].pk, "source_deleted")]
     assert _refresh(jobs) == [Status.REJECTED, Status.QUEUED]
 
@@ -284,9 +283,8 @@ def test_followers__a_deleted_record_stops_its_lane(queued: Any) -> None:
 def test_followers__a_cancelled_job_releases_its_lane_to_the_next(queued: Any) -> None:
     customer = CustomerFactory()
     jobs = _lane(customer, ["t.touch", "t.touch", "t.touch"])
-    claims = ledger.claim_share(10)[0]
     Job.objects.filter(pk=jobs[1].pk).update(status=Status.CANCELLED)  # staff, meanwhile
-    outcomes = batch.run_batch(claims, chain=20)
+    outcomes = batch.run_due(10, budget=30)[0]
     assert [o.job_id for o in outcomes] == [jobs[0].pk, jobs[2].pk]
     assert _refresh(jobs) == [Status.SUCCEEDED, Status.CANCELLED, Status.SUCCEEDED]
 
@@ -304,7 +302,7 @@ def test_followers__one_no_longer_claimable_when_recorded_rolls_the_followers_ba
 
     with temp_handler("t.postpone", postpone_second):
         jobs = _lane(customer, ["t.postpone"] * 3)
-        outcomes = batch.run_batch(ledger.claim_share(10)[0], chain=20)
+        outcomes = batch.run_due(10, budget=30)[0]
     assert [o.job_id for o in outcomes] == [jobs[0].pk]
     assert _refresh(jobs) == [Status.SUCCEEDED, Status.QUEUED, Status.QUEUED]
     customer.refresh_from_db()
