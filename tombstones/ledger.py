@@ -90,7 +90,7 @@ def claimable(using: str | None = None, *, behind: Collection[int] = ()) -> Any:
     """Jobs a worker may take now: claimable, due, young enough, and the head of their lane.
 
     Unfinished jobs in ``behind`` do not block their lanes: lane followers taken together with
-    the jobs before them (:func:`succeed_followers`).
+    the jobs before them (:func:`succeed_unclaimed`).
     """
     return (
         Job.objects.using(using)
