@@ -43,11 +43,14 @@ def test_alarms__ring_in_due_order_and_never_before_due() -> None:
 def test_alarms__an_earlier_alarm_added_later_rings_first() -> None:
     rung = Rung(expected=2)
     pending = alarms.Alarms(rung)
-    pending.add(1, timedelta(seconds=0.5))
+    start = time.monotonic()
+    pending.add(1, timedelta(seconds=1))
     time.sleep(0.05)  # the ringing thread is now asleep until the first alarm
     pending.add(2, timedelta(seconds=0))
     assert rung.all_rung.wait(5)
     assert [job_id for job_id, _ in rung.calls] == [2, 1]
+    # Woken by the new alarm, not at the end of its sleep for the first one.
+    assert rung.calls[0][1] - start < 1
 
 
 def test_alarms__bounded_the_rest_is_the_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
