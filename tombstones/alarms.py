@@ -97,13 +97,9 @@ def _in_cluster_worker() -> bool:
     Elsewhere (a test run, a management command driving the phases) nothing keeps the process
     alive for the alarm, and a late wake-up would land in whatever runs next.
     """
-    from django_q.conf import Conf
+    from .dispatch import runs_in_sync
 
-    from .conf import tombstone_settings
-
-    if tombstone_settings.Q_OPTIONS.get("sync", Conf.SYNC):
-        return False
-    return multiprocessing.parent_process() is not None
+    return not runs_in_sync() and multiprocessing.parent_process() is not None
 
 
 def wake_when_due(job_id: int, delay: timedelta) -> bool:

@@ -97,9 +97,7 @@ def wake_unless_pending(job_id: int) -> str | None:
     the sweep's to repair.
     """
     coalescing = (
-        tombstone_settings.COALESCE_WAKES
-        and tombstone_settings.BATCH_SIZE
-        and not tombstone_settings.Q_OPTIONS.get("sync", _q_sync())
+        tombstone_settings.COALESCE_WAKES and tombstone_settings.BATCH_SIZE and not runs_in_sync()
     )
     if coalescing and not coalesce.arm():
         return None
@@ -109,10 +107,11 @@ def wake_unless_pending(job_id: int) -> str | None:
     return sent
 
 
-def _q_sync() -> bool:
+def runs_in_sync() -> bool:
+    """True when a wake-up runs the job at once in the caller (django-q2's sync mode)."""
     from django_q.conf import Conf
 
-    return bool(Conf.SYNC)
+    return bool(tombstone_settings.Q_OPTIONS.get("sync", Conf.SYNC))
 
 
 def wake(job_id: int) -> str | None:
