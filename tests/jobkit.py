@@ -7,13 +7,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
 
-from tombstones import registry
+from tombstones import ledger, registry, worker
 from tombstones.models import Job
-from tombstones.worker import run_job
 
 # What an operator (staff with every job action) is granted in the tombstones app.
 STAFF_CODENAMES = (
@@ -78,8 +77,9 @@ def temp_handler(
 
 
 def run(job: Job) -> Job:
-    """Run one job through the production worker function and reload it."""
-    run_job(job.pk)
+    """Run the production worker task (it runs every due lane head, this job's if it is due)
+    and reload the job."""
+    worker.run(job.pk)
     job.refresh_from_db()
     return job
 
@@ -126,3 +126,23 @@ def redis_broker(client: Any, name: str) -> Any:
     broker = Redis.__new__(Redis)
     broker.connection, broker.list_key, broker._info = client, f"django_q:{name}:q", None
     return broker
+
+
+def try_claim(job: Job, *, using: str | None = None) -> ledger.Claim | None:
+    """Claim this one job through the production claim; None when it is not claimable now."""
+    found = ledger.claim(1, ids=[job.pk], using=using)
+    return found if found is not None and found.jobs else None
+
+
+def claim(job: Job, *, using: str | None = None) -> ledger.Claim:
+    """Claim this one job through the production claim (it must be claimable now)."""
+    found = try_claim(job, using=using)
+    assert found is not None, "not claimable"
+    assert [j.pk for j in found.jobs] == [job.pk]
+    return found
+
+
+def record(claim: ledger.Claim, status: str, reason: str = "", **fields: Any) -> None:
+    """Record an outcome for a claimed job as the worker does (one transaction)."""
+    with transaction.atomic(using=claim.using):
+        ledger.record(claim, [ledger.Outcome(claim.jobs[0], status, reason, **fields)])

@@ -1,10 +1,16 @@
-"""Wake a ``retry_wait`` job when its backoff ends, from the worker process that parked it.
+"""Timers: a job that becomes due wakes a worker within a second, without waiting for the sweep.
 
-django-q2 has no delayed messages, so a job in ``retry_wait`` has none. The worker that recorded
-the retry keeps an alarm for it: one thread per worker process sleeps until the earliest due
-job, then sends that job's wake-up (:func:`tombstones.dispatch.wake`). Best effort: a worker that
-exits (recycled, killed) drops its alarms, and the sweep re-dispatches due retries as it always
-did. A wake-up that arrives twice costs a message; the claim runs the job once.
+django-q2 has no delayed messages. Every cluster worker process keeps alarms, rung in due order
+by one daemon thread, at each moment it knows something becomes due:
+
+- a retry it recorded (the backoff's end);
+- when its pump found nothing due, the next moment the ledger says something becomes due: a
+  delayed job's ``run_after``, another retry, a lease's end (:meth:`JobQuerySet.next_due_at`);
+- at its start (a worker replaced after a crash or a timeout): at once.
+
+A ringing alarm *ticks*: it takes back lapsed leases (a crashed worker's jobs), wakes a pump if
+anything is due, and arms the next moment. Best effort: an alarm dies with its process and the
+sweep repairs what it missed; a tick that finds nothing costs three small reads.
 """
 
 from __future__ import annotations
@@ -17,34 +23,38 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 logger = logging.getLogger("tombstones")
 
 # Alarms one process keeps at most; past it, the sweep wakes the rest.
 MAX_PENDING = 10_000
-# Seconds an alarm rings after its backoff: the database's clock decides "due", and a wake-up
+# Seconds an alarm rings after its moment: the database's clock decides "due", and a wake-up
 # that arrives early finds nothing to claim.
 LATE = 0.1
 
 
 class Alarms:
-    """Pending wake-ups of one process, rung in due order by one daemon thread."""
+    """Pending ticks of one process, rung in due order by one daemon thread."""
 
-    def __init__(self, wake: Callable[[int], object]) -> None:
-        self._wake = wake
-        self._due: list[tuple[float, int]] = []
+    def __init__(self, ring: Callable[[], object]) -> None:
+        self._ring_one = ring
+        self._due: list[float] = []
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def add(self, job_id: int, delay: timedelta) -> bool:
-        """Ring for ``job_id`` after ``delay``; False when too many alarms are pending."""
+    def add(self, delay: timedelta) -> bool:
+        """Tick after ``delay``; False when too many are pending or one rings as soon or sooner."""
         ring_at = time.monotonic() + max(delay.total_seconds(), 0.0) + LATE
         with self._changed:
             if len(self._due) >= MAX_PENDING:
                 return False
-            heapq.heappush(self._due, (ring_at, job_id))
+            if self._due and self._due[0] <= ring_at + LATE:
+                # An alarm rings as soon: its tick arms the next moment the ledger knows of.
+                return False
+            heapq.heappush(self._due, ring_at)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._ring, name="tombstones-alarms", daemon=True
@@ -60,21 +70,23 @@ class Alarms:
     def _ring(self) -> None:
         while True:
             with self._changed:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    timeout = self._due[0][0] - time.monotonic() if self._due else None
+                while not self._due or self._due[0] > time.monotonic():
+                    timeout = self._due[0] - time.monotonic() if self._due else None
                     self._changed.wait(timeout)
-                _, job_id = heapq.heappop(self._due)
+                ring_at = heapq.heappop(self._due)
+                # Alarms due together ring once.
+                while self._due and self._due[0] <= ring_at + LATE:
+                    heapq.heappop(self._due)
             try:
-                self._wake(job_id)
-            except Exception as exc:  # noqa: BLE001 - the sweep wakes it; the others still ring
+                self._ring_one()
+            except Exception as exc:  # noqa: BLE001 - the sweep repairs it; the others still ring
                 logger.warning(
-                    "retry alarm for job %s failed (%s); the sweep will wake it",
-                    job_id,
+                    "timer tick failed (%s); the sweep will pick up what was due",
                     type(exc).__name__,
-                    extra={"tombstones": {"job_id": job_id, "error_class": type(exc).__name__}},
+                    extra={"tombstones": {"error_class": type(exc).__name__}},
                 )
             finally:
-                connections.close_all()  # this thread's own connections (ORM broker)
+                connections.close_all()  # this thread's own connections
 
 
 _alarms: dict[int, Alarms] = {}
@@ -85,9 +97,7 @@ def _process_alarms() -> Alarms:
     pid = os.getpid()
     found = _alarms.get(pid)
     if found is None:
-        from .dispatch import wake
-
-        found = _alarms[pid] = Alarms(wake)
+        found = _alarms[pid] = Alarms(tick)
     return found
 
 
@@ -97,13 +107,55 @@ def _in_cluster_worker() -> bool:
     Elsewhere (a test run, a management command driving the phases) nothing keeps the process
     alive for the alarm, and a late wake-up would land in whatever runs next.
     """
-    from .dispatch import runs_in_sync
+    from .wakeups import runs_in_sync
 
     return not runs_in_sync() and multiprocessing.parent_process() is not None
 
 
-def wake_when_due(job_id: int, delay: timedelta) -> bool:
-    """After a retry commits: ring for the job once its backoff ends. True if an alarm is set."""
+def ring_in(delay: timedelta) -> bool:
+    """Tick once ``delay`` has passed (after a retry commits). True if an alarm is set."""
     if not _in_cluster_worker():
         return False
-    return _process_alarms().add(job_id, delay)
+    return _process_alarms().add(delay)
+
+
+def arm_next(using: str | None = None) -> bool:
+    """After a pump found nothing due: tick when the ledger says something becomes due."""
+    if not _in_cluster_worker():
+        return False
+    from .models import Job
+
+    try:
+        wait = Job.objects.using(using).next_due_in()
+    except DatabaseError:
+        return False  # the sweep is the fallback
+    return wait is not None and ring_in(wait)
+
+
+def tick(using: str | None = None) -> dict[str, Any]:
+    """Take back lapsed leases, wake a pump if anything is due, arm the next moment."""
+    from . import ledger
+    from .models import Job
+    from .wakeups import wake_soon
+
+    taken = ledger.take_back_lapsed(using)
+    due = Job.objects.using(using).claimable().order_by("queued_at", "id")
+    head = due.values_list("id", flat=True).first()
+    if head is not None:
+        wake_soon(head)
+    arm_next(using)
+    return {**taken, "woken": int(head is not None)}
+
+
+def on_worker_start(sender: Any = None, **kwargs: Any) -> None:
+    """django-q2 ``post_spawn`` receiver: a new worker (perhaps replacing a dead one) ticks at
+    once and opens the wake-up gate its predecessor may have held."""
+    if not _in_cluster_worker():
+        return
+    from .wakeups import open_gate
+
+    try:
+        open_gate()
+    except Exception as exc:  # noqa: BLE001 - the gate expires by itself
+        logger.warning("could not open the wake-up gate at start (%s)", type(exc).__name__)
+    _process_alarms().add(timedelta(0))

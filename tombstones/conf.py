@@ -76,15 +76,10 @@ _SETTINGS: dict[str, _Setting] = {
     "LEASE": _Setting(timedelta(seconds=60), "timedelta"),
     # Interval of the periodic sweep, in minutes (a django-q2 schedule).
     "SWEEP_MINUTES": _Setting(1, "int", 1),
-    # How many jobs of one lane a worker runs in one wake-up before handing the lane back.
-    "LANE_DRAIN": _Setting(50, "int", 1),
-    # Fast path: lane heads claimed per batch after a wake-up (0 turns batching off), and the
-    # most jobs one wake-up runs through batches before handing the rest to another message.
-    "BATCH_SIZE": _Setting(20, "int", 0),
+    # Lane heads a worker claims at once (1: one job per claim), and the most jobs one wake-up
+    # runs before it hands the rest to another message.
+    "BATCH_SIZE": _Setting(20, "int", 1),
     "WAKE_BUDGET": _Setting(500, "int", 1),
-    # Skip the message of an internal job while another message waits in the broker (its pump
-    # will run the job). Only for a django-q2 queue that carries nothing but tombstones jobs.
-    "COALESCE_WAKES": _Setting(False, "bool"),
     # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
     "Q_OPTIONS": _Setting({}, "dict"),
     # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
@@ -143,20 +138,12 @@ class TombstoneSettings:
         return int(self._get("SWEEP_MINUTES"))
 
     @property
-    def LANE_DRAIN(self) -> int:
-        return int(self._get("LANE_DRAIN"))
-
-    @property
     def BATCH_SIZE(self) -> int:
         return int(self._get("BATCH_SIZE"))
 
     @property
     def WAKE_BUDGET(self) -> int:
         return int(self._get("WAKE_BUDGET"))
-
-    @property
-    def COALESCE_WAKES(self) -> bool:
-        return bool(self._get("COALESCE_WAKES"))
 
     @property
     def Q_OPTIONS(self) -> dict[str, Any]:

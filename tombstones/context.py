@@ -16,18 +16,20 @@ if TYPE_CHECKING:
 class HandlerContext:
     """Passed to every handler.
 
-    ``record`` was read fresh and found live at the job's generation. ``write`` and ``update``
-    fence every statement on that record being live at that (generation, version); when a fence
-    fails the worker rolls back whatever the handler wrote and classifies the conflict itself, so a
-    handler never needs to catch anything.
+    ``record`` was read fresh, inside the transaction the handler runs in, and found live at the
+    job's generation; it stays locked until that transaction commits (PostgreSQL: a row lock;
+    SQLite: the write lock), so a concurrent delete or re-create waits for the job. ``write`` and
+    ``update`` also fence every statement on that record being live at that (generation,
+    version); when a fence fails the worker rolls back whatever the handler wrote and classifies
+    the conflict itself, so a handler never needs to catch anything.
     """
 
-    def __init__(self, claim: Claim, record: Any, rereads: int) -> None:
+    def __init__(self, claim: Claim, job: Job, record: Any) -> None:
         self._claim = claim
-        self.job: Job = claim.job
+        self.job = job
         self.record = record
-        self.params: dict[str, Any] = dict(claim.job.params or {})
-        self.rereads = rereads
+        self.params: dict[str, Any] = dict(job.params or {})
+        self.rereads: int = job.rereads
         self.fence_lost: fencing.Observation | None = None
         self.writes = 0
 
@@ -78,12 +80,14 @@ class HandlerContext:
         return matched
 
     def heartbeat(self) -> bool:
-        """Extend the lease for a long handler; False if another worker took the job over."""
-        from .ledger import extend_lease
+        """Renew the lease now; False if another worker took the job over.
 
-        if not self._claim.token:
-            return True  # a lane follower runs inside its batch's transaction: it has no lease
-        return extend_lease(self._claim)
+        The worker renews its leases by itself while it holds them (:mod:`tombstones.keeper`):
+        call this to learn, in a long handler, whether the job is still yours.
+        """
+        from .keeper import heartbeat
+
+        return heartbeat(self._claim)
 
     def _lost(self) -> None:
         model, pk, generation, version = self._fence

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import json
-import logging
 from datetime import datetime
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
 from django.db import models, router, transaction
+from django.db.models import Value
+from django.db.models.functions import Greatest, Now
+from django.utils import timezone
 
-from . import coalesce
-from .conf import tombstone_settings
 from .exceptions import InvalidParams, MissingFence, RecordDeleted
 from .models import Job
 from .registry import get_handler
+from .wakeups import wake, wake_soon
 
-logger = logging.getLogger("tombstones")
-
-TASK = "tombstones.worker.run"
+__all__ = ["default_lane", "enqueue", "wake", "wake_soon"]
 
 
 def default_lane(record: models.Model) -> str:
@@ -77,56 +76,15 @@ def enqueue(
         "external": found.external,
     }
     if run_after is not None:
-        fields["run_after"] = run_after
+        # A delayed job takes its place in its lane when it is due; never before now, so that it
+        # cannot overtake the jobs queued before it.
+        due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
+        fields["run_after"] = fields["queued_at"] = due
     # One INSERT: the job row is also the audit record of the enqueue (Job.enqueued_event). In
     # the caller's transaction if there is one, so a rolled-back request leaves no job.
     job = Job.objects.using(db).create(**fields)
+    if run_after is not None:  # the row holds the database's answer; this is close to it
+        job.run_after = job.queued_at = max(run_after, timezone.now())
     job_id = job.pk
-    if found.external:
-        transaction.on_commit(lambda: wake(job_id), using=db)
-    else:
-        transaction.on_commit(lambda: wake_unless_pending(job_id), using=db)
+    transaction.on_commit(lambda: wake_soon(job_id), using=db)
     return job
-
-
-def wake_unless_pending(job_id: int) -> str | None:
-    """Wake a worker for an internal job, unless a pending wake-up will pick it up.
-
-    With TOMBSTONES_COALESCE_WAKES a pending message runs the fast path's pump, which claims every
-    due internal lane head, this job included (see :mod:`tombstones.coalesce`). A lost message is
-    the sweep's to repair.
-    """
-    coalescing = (
-        tombstone_settings.COALESCE_WAKES and tombstone_settings.BATCH_SIZE and not runs_in_sync()
-    )
-    if coalescing and not coalesce.arm():
-        return None
-    sent = wake(job_id)
-    if coalescing and sent is None:
-        coalesce.open_gate()  # nothing will open it: let the next enqueue send its message
-    return sent
-
-
-def runs_in_sync() -> bool:
-    """True when a wake-up runs the job at once in the caller (django-q2's sync mode)."""
-    from django_q.conf import Conf
-
-    return bool(tombstone_settings.Q_OPTIONS.get("sync", Conf.SYNC))
-
-
-def wake(job_id: int) -> str | None:
-    """Send the django-q2 message for one job (its id only). A lost message loses no job."""
-    from django_q.tasks import async_task
-
-    options = {"group": "tombstones", "ack_failure": True, **tombstone_settings.Q_OPTIONS}
-    try:
-        # One broker (and connection) per process, not one per message.
-        return async_task(TASK, job_id, broker=coalesce.broker(), **options)
-    except Exception as exc:  # noqa: BLE001 - any broker failure: the sweep re-dispatches the job
-        logger.error(
-            "wake for job %s failed (%s); the sweep will re-dispatch it",
-            job_id,
-            type(exc).__name__,
-            extra={"tombstones": {"job_id": job_id, "error_class": type(exc).__name__}},
-        )
-        return None

@@ -88,3 +88,7 @@ class InvalidParams(TombstoneError):
 
 class TransientError(TombstoneError):
     """A temporary failure before anything was written or sent: the job is retried with backoff."""
+
+
+class LeaseLost(TombstoneError):
+    """The job's lease was taken over: this worker must write nothing more for it."""

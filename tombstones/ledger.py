@@ -1,25 +1,30 @@
-"""Every statement on the job table: claim, lease, outcome; each fenced by the claim token.
+"""Every statement that changes a job row: claim, outcome, release, take-back, lease.
 
-Outcome lines go to the ``tombstones`` logger after commit, one per outcome, with ids, reason
-codes and versions in ``extra`` and never a record's field values.
+One claim function (:func:`claim`) and one outcome writer (:func:`_write`, behind
+:func:`record` for a worker's claim and :func:`transition` for the sweep and staff): each is a
+conditional UPDATE, and every outcome appends its events and logs one line after commit, with
+ids, reason codes and versions in ``extra`` and never a record's field values.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import uuid
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Exists, F, OuterRef, PositiveIntegerField, Q, Value
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.models import BooleanField, Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from .conf import tombstone_settings
+from .exceptions import LeaseLost
 from .models import Job, JobEvent
 from .signals import job_escalated, job_finished
 
@@ -29,21 +34,16 @@ Status = Job.Status
 Reason = Job.Reason
 Event = JobEvent.Event
 
-# Log level and wording per outcome: a rejection never reads like a success.
+# Log level per outcome: a rejection never reads like a success.
 _LEVELS: dict[str, int] = {
     Status.SUCCEEDED: logging.INFO,
-    Status.REJECTED: logging.WARNING,
-    Status.RETRY_WAIT: logging.WARNING,
-    Status.PAUSED: logging.WARNING,
-    Status.UNCERTAIN: logging.WARNING,
-    Status.EXPIRED: logging.WARNING,
     Status.ESCALATED: logging.ERROR,
     Status.FAILED: logging.ERROR,
     Status.CANCELLED: logging.INFO,
     Status.QUEUED: logging.INFO,
 }
 
-_EVENT_FOR_STATUS: dict[str, str] = {
+EVENT_FOR_STATUS: dict[str, str] = {
     Status.SUCCEEDED: Event.SUCCEEDED,
     Status.REJECTED: Event.REJECTED,
     Status.RETRY_WAIT: Event.RETRY,
@@ -56,265 +56,150 @@ _EVENT_FOR_STATUS: dict[str, str] = {
     Status.QUEUED: Event.REQUEUED,
 }
 
+Found = tuple[int | None, int | None]
+
 
 def worker_id() -> str:
     """host:pid of this process (read each time: workers are forked)."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class LeaseLost(Exception):
-    """The job's lease was taken over: this worker must write nothing more for it."""
+# --- claim ------------------------------------------------------------------------------------
 
 
 @dataclass
 class Claim:
-    job: Job
+    """Jobs one worker took with one UPDATE: they share a token and a lease."""
+
     token: str
     worker: str
+    using: str
+    jobs: Sequence[Job]
+    left: int = 0  # due lane heads seen and not taken (for the other workers)
 
 
 def lease_until() -> Any:
     return Now() + Value(tombstone_settings.LEASE)
 
 
-def _head_blocked(behind: Collection[int] = ()) -> Exists:
-    earlier = Job.objects.filter(
-        lane=OuterRef("lane"), id__lt=OuterRef("id"), status__in=Job.UNFINISHED
-    )
-    if behind:
-        earlier = earlier.exclude(pk__in=behind)
-    return Exists(earlier)
+def _too_old() -> Case:
+    cutoff = Now() - Value(tombstone_settings.JOB_MAX_AGE)
+    return Case(When(created_at__lt=cutoff, then=True), default=False, output_field=BooleanField())
 
 
-def claimable(using: str | None = None, *, behind: Collection[int] = ()) -> Any:
-    """Jobs a worker may take now: claimable, due, young enough, and the head of their lane.
+def claim(
+    limit: int,
+    *,
+    workers: int = 1,
+    whole: bool = False,
+    ids: Sequence[int] | None = None,
+    using: str | None = None,
+) -> Claim | None:
+    """Take due lane heads with one conditional UPDATE (committed): running, leased, attempt + 1.
 
-    Unfinished jobs in ``behind`` do not block their lanes: lane followers taken together with
-    the jobs before them (:func:`succeed_unclaimed`).
+    Looks first without a lock (an idle wake-up takes none; on SQLite the write lock is the
+    database's), then takes up to ``limit`` of them: this worker's share (1/``workers`` of what
+    it saw) unless ``whole``. A job whose last claim ended without an outcome (a crash) is taken
+    alone, so that a job that kills its worker is told apart from its batch-mates. The UPDATE
+    repeats every condition, and the unique running-lane index is the last word. Returns None
+    when nothing is due.
     """
-    return (
-        Job.objects.using(using)
-        .filter(status__in=Job.CLAIMABLE, run_after__lte=Now())
-        .filter(created_at__gte=Now() - Value(tombstone_settings.JOB_MAX_AGE))
-        .filter(~_head_blocked(behind))
-    )
-
-
-def _claimed_by(worker: str, token: str) -> dict[str, Any]:
-    """The columns a claim sets: running, leased in database time, one more attempt."""
-    return {
+    db = using or router.db_for_write(Job)
+    rows = Job.objects.using(db).select_related("content_type").annotate(too_old=_too_old())
+    heads = rows.claimable()
+    if ids is not None:
+        heads = heads.filter(pk__in=list(ids))
+    seen = list(heads.order_by("queued_at", "id")[: limit * max(workers, 1)])
+    if not seen:
+        return None
+    if _suspect(seen[0]):
+        chosen = seen[:1]
+    else:
+        share = limit if whole else max(1, min(limit, math.ceil(len(seen) / max(workers, 1))))
+        chosen = [job for job in seen if not _suspect(job)][:share]
+    token, wid = uuid.uuid4().hex, worker_id()
+    take = Job.objects.using(db).claimable().filter(pk__in=[job.pk for job in chosen])
+    values = {
         "status": Status.RUNNING,
-        "reason": Reason.NONE,
-        "owner": worker,
+        "owner": wid,
         "claim_token": token,
         "attempts": F("attempts") + 1,
         "started_at": Now(),
         "lease_expires_at": lease_until(),
         "sending_at": None,
     }
-
-
-def claim(job_id: int, *, using: str | None = None) -> Claim | None:
-    """Take the lease on one job with a conditional UPDATE; None when it is not claimable."""
-    token = uuid.uuid4().hex
-    wid = worker_id()
     try:
-        with transaction.atomic(using=using):
-            matched = claimable(using).filter(pk=job_id).update(**_claimed_by(wid, token))
+        if connections[db].in_atomic_block:
+            with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
+                matched = take.update(**values)
+        else:
+            matched = take.update(**values)  # one statement in autocommit: no BEGIN/COMMIT
     except IntegrityError:
-        # The unique running-lane index refused a second running job in this lane.
-        return None
-    if not matched:
-        return None
-    job = Job.objects.using(using).select_related("content_type").get(pk=job_id)
-    add_event(job, Event.CLAIMED, worker=wid)
-    return Claim(job=job, token=token, worker=wid)
-
-
-def claim_share(
-    limit: int, *, workers: int = 1, using: str | None = None
-) -> tuple[list[Claim], list[int]]:
-    """Take the lease on this worker's share of the due lane heads (one token for the batch).
-
-    Returns the claims and the due heads seen and left to the other workers (it looks at up to
-    ``limit`` x ``workers``). A batch runs its jobs one after the other, so it takes only its
-    share of the due heads (1/``workers`` of them, at least one, at most ``limit``): the other
-    workers find the rest and different lanes run in parallel. (Handlers fast enough that one
-    worker serves them best take the other road, :func:`due_heads`.)
-
-    PostgreSQL: the candidates are locked with SKIP LOCKED so concurrent workers take disjoint
-    sets; SQLite serialises writers (IMMEDIATE transactions). The UPDATE re-checks "claimable and
-    head of its lane", and the unique running-lane index stays the last word.
-    """
-    token = uuid.uuid4().hex
-    wid = worker_id()
-    db = using or router.db_for_write(Job)
-    # External calls stay one per message: a batch runs its jobs one after the other, and slow
-    # sends must spread over the workers.
-    candidates = claimable(db).filter(external=False).order_by("id")
-    skip_locked = connections[db].features.has_select_for_update_skip_locked
-    # Look before locking: idle wake-ups take no lock (SQLite's is the single writer lock), and
-    # the count sets this batch's share.
-    seen = list(candidates.values_list("id", flat=True)[: limit * max(workers, 1)])
-    if not seen:
-        return [], []
-    share = max(1, min(limit, -(-len(seen) // max(workers, 1))))
-    ids, left = seen[:share], seen[share:]
-    # Built before BEGIN: on SQLite the transaction holds the database's one write lock.
-    take, values = claimable(db).filter(pk__in=ids), _claimed_by(wid, token)
-    try:
-        with transaction.atomic(using=db):
-            if skip_locked:
-                locked = candidates.select_for_update(skip_locked=True, of=("self",))
-                ids = list(locked.values_list("id", flat=True)[:share])
-                if not ids:
-                    return [], left
-                take = claimable(db).filter(pk__in=ids)
-            matched = take.update(**values)
-    except IntegrityError:
-        return [], left
-    if not matched:
-        return [], left
-    jobs = (
-        Job.objects.using(db)
-        .select_related("content_type")
-        .filter(claim_token=token, status=Status.RUNNING)
-    )
-    return [Claim(job=job, token=token, worker=wid) for job in jobs.order_by("id")], left
-
-
-def record_succeeded(claims: list[Claim], found: dict[int, tuple[int, int]]) -> None:
-    """Record many successes in one UPDATE, inside the transaction that made their writes.
-
-    Raises LeaseLost unless every claim is still ours, so a zombie's batch rolls back whole.
-    """
-    if not claims:
-        return
-    db = claims[0].job._state.db
-    ids = [c.job.pk for c in claims]
-    tokens = {c.token for c in claims}
-    matched = (
-        Job.objects.using(db)
-        .filter(pk__in=ids, status=Status.RUNNING, claim_token__in=tokens)
-        .update(
-            status=Status.SUCCEEDED,
-            reason=Reason.NONE,
-            finished_at=Now(),
-            lease_expires_at=None,
-            claim_token="",
-            error_class="",
-            **_found_columns(db, found),
+        # The unique running-lane index refused a second running job of a lane: look again.
+        return Claim(token, wid, db, [], left=len(seen))
+    if matched == len(chosen):
+        jobs = chosen
+        for job in jobs:
+            job.status, job.claim_token, job.owner = Status.RUNNING, token, wid
+            job.attempts += 1
+    else:  # another worker took some of them meanwhile
+        jobs = list(
+            rows.filter(claim_token=token, status=Status.RUNNING).order_by("queued_at", "id")
         )
+    return Claim(token, wid, db, jobs, left=len(seen) - len(jobs))
+
+
+def _suspect(job: Job) -> bool:
+    return job.reason in (Reason.LEASE_EXPIRED, Reason.CRASHED)
+
+
+def renew(tokens: Iterable[str], *, using: str | None = None) -> int:
+    """Push the leases of these claims forward (database clock); the number still held."""
+    tokens = list(tokens)
+    if not tokens:
+        return 0
+    held = Job.objects.using(using).filter(claim_token__in=tokens, status=Status.RUNNING)
+    return held.update(lease_expires_at=lease_until())
+
+
+def still_held(claim: Claim, job: Job) -> bool:
+    return _mine(claim, [job.pk]).exists()
+
+
+def _mine(claim: Claim, ids: Sequence[int]) -> models.QuerySet[Job]:
+    return Job.objects.using(claim.using).filter(
+        pk__in=list(ids), status=Status.RUNNING, claim_token=claim.token
     )
-    if matched != len(ids):
-        raise LeaseLost(ids)
-    for claim in claims:
-        claim.job.status, claim.job.reason = Status.SUCCEEDED, Reason.NONE
 
 
-def due_heads(limit: int, *, using: str | None = None) -> list[Job]:
-    """The first ``limit`` due internal lane heads, read without a lock or a claim (the fast path).
-
-    :func:`take_heads` and :func:`succeed_unclaimed` decide, in the transaction that runs them,
-    which jobs this worker takes.
-    """
-    heads = claimable(using).filter(external=False).select_related("content_type")
-    return list(heads.order_by("id")[:limit])
+# --- outcomes ---------------------------------------------------------------------------------
 
 
-def take_heads(looked: list[Job], *, using: str | None = None) -> list[Job]:
-    """In the batch's transaction: the due lane heads this worker runs, at most ``len(looked)``.
+@dataclass
+class Outcome:
+    """What became of one claimed job, and the audit events that lead to it."""
 
-    SQLite: those of ``looked`` still claimable; the transaction holds the database's write
-    lock, so they are this worker's until it commits. PostgreSQL: due heads locked with SKIP
-    LOCKED (held until commit), the looked ones unless another worker holds them, so concurrent
-    batches take disjoint jobs. Either way :func:`succeed_unclaimed` re-checks.
-    """
-    db = using or router.db_for_write(Job)
-    candidates = claimable(db).filter(external=False)
-    if not connections[db].features.has_select_for_update_skip_locked:
-        still = set(candidates.filter(pk__in=[j.pk for j in looked]).values_list("id", flat=True))
-        return [job for job in looked if job.pk in still]
-    locked = candidates.select_related("content_type").select_for_update(
-        skip_locked=True, of=("self",)
-    )
-    return list(locked.order_by("id")[: len(looked)])
+    job: Job
+    status: str
+    reason: str = Reason.NONE
+    found: Found = (None, None)
+    error_class: str = ""
+    retry_in: timedelta | None = None  # retry_wait: when it becomes due again
+    erase_params: bool = False  # the record is gone: nothing of the job's params is kept
+    writes: int = 0
+    events: list[JobEvent] = field(default_factory=list)
 
+    @property
+    def job_id(self) -> int:
+        return int(self.job.pk)
 
-def succeed_unclaimed(jobs: list[Job], worker: str, found: dict[int, tuple[int, int]]) -> bool:
-    """Claim and record the success of jobs in one UPDATE: True if all of them were taken.
-
-    For jobs run on the fast path without a claim (lane heads of fast handlers, and their lane
-    followers), inside the transaction that made their fenced writes: they are never seen
-    running and hold no lease, and their writes and outcome commit together or not at all. The
-    UPDATE repeats the claim's conditions (claimable, due, young, internal, and head of its lane
-    once the jobs before it in ``jobs`` count as done); when any job fails them the caller rolls
-    its writes back.
-    """
-    if not jobs:
-        return True
-    ids = [job.pk for job in jobs]
-    db = jobs[0]._state.db
-    matched = (
-        claimable(db, behind=ids)
-        .filter(pk__in=ids, external=False)
-        .update(
-            status=Status.SUCCEEDED,
-            reason=Reason.NONE,
-            owner=worker,
-            claim_token="",
-            attempts=F("attempts") + 1,
-            started_at=Now(),
-            finished_at=Now(),
-            lease_expires_at=None,
-            sending_at=None,
-            error_class="",
-            **_found_columns(db, {pk: found[pk] for pk in ids}),
-        )
-    )
-    if matched != len(ids):
-        return False
-    for job in jobs:
-        job.status, job.reason = Status.SUCCEEDED, Reason.NONE
-    return True
+    def as_list(self) -> list[Any]:
+        # Plain values: this is what django-q2 stores in its task table.
+        return [self.job_id, str(self.status), str(self.reason)]
 
 
-def _found_columns(db: str | None, found: dict[int, tuple[int, int]]) -> dict[str, Any]:
-    """found_generation and found_version of many jobs: a CASE on the job id each.
-
-    Written as SQL with parameters: When() objects compile one lookup per job, and this runs
-    inside the batch's transaction (on SQLite, while holding the database's write lock).
-    """
-    ops = connections[db or router.db_for_write(Job)].ops
-    column = ops.quote_name(str(Job._meta.pk.column))
-    sql = f"CASE {column} {' '.join(['WHEN %s THEN %s'] * len(found))} END"
-
-    def case(index: int) -> RawSQL:
-        params = [value for pk, seen in found.items() for value in (pk, seen[index])]
-        return RawSQL(sql, params, output_field=PositiveIntegerField())
-
-    return {"found_generation": case(0), "found_version": case(1)}
-
-
-def add_success_events(done: list[tuple[Job, str]], found: dict[int, tuple[int, int]]) -> None:
-    """claimed, checked and succeeded events of many jobs in one INSERT; log lines after commit."""
-    if not done:
-        return
-    events = []
-    for job, worker in done:
-        g, v = found[job.pk]
-        for event, seen in (
-            (Event.CLAIMED, (None, None)),
-            ("checked", (g, v)),
-            (Event.SUCCEEDED, (g, v)),
-        ):
-            events.append(_event_row(job, event, Reason.NONE, seen, worker))
-        announce(job, Status.SUCCEEDED, Reason.NONE, (g, v))
-    JobEvent.objects.using(done[0][0]._state.db).bulk_create(events)
-
-
-def _event_row(
-    job: Job, event: str, reason: str, found: tuple[int | None, int | None], worker: str
+def event_row(
+    job: Job, event: str, reason: str = Reason.NONE, found: Found = (None, None), worker: str = ""
 ) -> JobEvent:
     return JobEvent(
         job_id=job.pk,
@@ -330,61 +215,28 @@ def _event_row(
     )
 
 
-def extend_lease(claim: Claim) -> bool:
-    """Push the lease forward (database clock); False if it was taken over."""
-    return bool(_mine(claim).update(lease_expires_at=lease_until()))
+def record(claim: Claim, outcomes: Sequence[Outcome]) -> None:
+    """Record the outcomes of claimed jobs: one UPDATE, one INSERT of their events.
 
-
-def _mine(claim: Claim) -> Any:
-    return Job.objects.using(claim.job._state.db).filter(
-        pk=claim.job.pk, status=Status.RUNNING, claim_token=claim.token
-    )
-
-
-def mark_sending(claim: Claim, source_live: Q | Exists) -> bool:
-    """Commit 'sending' for an external call, only while the source record is still live."""
-    return bool(_mine(claim).filter(source_live).update(sending_at=Now()))
-
-
-def mark_sent(claim: Claim) -> bool:
-    return bool(_mine(claim).update(sent_at=Now()))
-
-
-def finish(
-    claim: Claim,
-    status: str,
-    reason: str = Reason.NONE,
-    *,
-    found: tuple[int | None, int | None] = (None, None),
-    run_after: Any = None,
-    error_class: str = "",
-) -> None:
-    """Record the outcome of a claimed job; raises LeaseLost when the claim is no longer ours.
-
-    Call it inside the transaction that made the handler's writes: both commit or neither.
+    Call it inside the transaction that made the handlers' writes: both commit or neither.
+    Raises LeaseLost unless every job is still this claim's, so a zombie's writes roll back.
     """
-    job = claim.job
-    fields: dict[str, Any] = {
-        "status": status,
-        "reason": reason,
-        "rereads": job.rereads,
-        "found_generation": found[0],
-        "found_version": found[1],
-        "lease_expires_at": None,
-        "error_class": error_class[:200],
-    }
-    if status in Job.TERMINAL:
-        fields["finished_at"] = Now()
-    if run_after is not None:
-        fields["run_after"] = run_after
-    if status != Status.RUNNING:
-        fields["claim_token"] = ""
-    with transaction.atomic(using=job._state.db):
-        if not _mine(claim).update(**fields):
-            raise LeaseLost(job.pk)
-        job.status, job.reason = status, reason
-        add_event(job, _EVENT_FOR_STATUS[status], reason, found=found, worker=claim.worker)
-        announce(job, status, reason, found)
+    if not outcomes:
+        return
+    for outcome in outcomes:
+        outcome.events.append(
+            event_row(
+                outcome.job,
+                EVENT_FOR_STATUS[outcome.status],
+                outcome.reason,
+                outcome.found,
+                claim.worker,
+            )
+        )
+    matched = _write(_mine(claim, [o.job_id for o in outcomes]), outcomes, claim.using)
+    if matched != len(outcomes):
+        raise LeaseLost(model="tombstones.Job", pk=[o.job_id for o in outcomes])
+    _after(outcomes, claim.using)
 
 
 def transition(
@@ -394,33 +246,237 @@ def transition(
     *,
     from_status: tuple[str, ...],
     event: str | None = None,
-    extra_filter: Q | None = None,
+    extra_filter: Q | Exists | None = None,
     **fields: Any,
 ) -> bool:
-    """A conditional status change made outside a claim (sweep, admin): True if it applied."""
-    qs = Job.objects.using(job._state.db).filter(pk=job.pk, status__in=from_status)
+    """A conditional status change outside a claim (sweep, staff): True if it applied."""
+    db = job._state.db or router.db_for_write(Job)
+    qs = Job.objects.using(db).filter(pk=job.pk, status__in=from_status)
     if extra_filter is not None:
         qs = qs.filter(extra_filter)
-    if status in Job.TERMINAL:
-        fields.setdefault("finished_at", Now())
-    with transaction.atomic(using=job._state.db):
-        if not qs.update(status=status, reason=reason, **fields):
+    outcome = Outcome(job, status, reason)
+    outcome.events.append(
+        event_row(job, event or EVENT_FOR_STATUS[status], reason, worker=fields.pop("by", ""))
+    )
+    with transaction.atomic(using=db):
+        if not _write(qs, [outcome], db, **fields):
             return False
-        job.status, job.reason = status, reason
-        add_event(job, event or _EVENT_FOR_STATUS[status], reason, worker=worker_id())
-        announce(job, status, reason, (None, None))
+        _after([outcome], db)
     return True
 
 
-def add_event(
-    job: Job,
-    event: str,
-    reason: str = Reason.NONE,
+def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **extra: Any) -> int:
+    """The one UPDATE that writes outcomes: a column's value, or a CASE on the id when it varies."""
+    by_id = {o.job_id: o for o in outcomes}
+    terminal = {pk for pk, o in by_id.items() if o.status in Job.TERMINAL}
+    fields: dict[str, Any] = {
+        "status": _column(db, {pk: str(o.status) for pk, o in by_id.items()}),
+        "reason": _column(db, {pk: str(o.reason) for pk, o in by_id.items()}),
+        "error_class": _column(db, {pk: o.error_class[:200] for pk, o in by_id.items()}),
+        "rereads": _column(db, {pk: o.job.rereads for pk, o in by_id.items()}),
+        "lease_expires_at": None,
+        "claim_token": "",
+    }
+    found = {pk: o.found for pk, o in by_id.items()}
+    if any(f != (None, None) for f in found.values()):
+        fields["found_generation"] = _column(db, {pk: f[0] for pk, f in found.items()})
+        fields["found_version"] = _column(db, {pk: f[1] for pk, f in found.items()})
+    if terminal:
+        fields["finished_at"] = _only(terminal, by_id, Now(), F("finished_at"))
+    retries = {pk: o.retry_in for pk, o in by_id.items() if o.retry_in is not None}
+    if retries:
+        fields["run_after"] = Case(
+            *[When(pk=pk, then=Now() + Value(delay)) for pk, delay in retries.items()],
+            default=F("run_after"),
+        )
+    erase = {pk for pk, o in by_id.items() if o.erase_params}
+    if erase:
+        fields["params"] = _only(erase, by_id, Value({}, models.JSONField()), F("params"))
+    fields.update(extra)
+    matched = qs.update(**fields)
+    if matched:
+        for outcome in outcomes:
+            outcome.job.status, outcome.job.reason = outcome.status, outcome.reason
+    return matched
+
+
+def _only(ids: set[int], by_id: dict[int, Outcome], value: Any, otherwise: Any) -> Any:
+    if len(ids) == len(by_id):
+        return value
+    return Case(When(pk__in=list(ids), then=value), default=otherwise)
+
+
+def _column(db: str, values: dict[int, Any]) -> Any:
+    """One value for every job, or ``CASE id WHEN … THEN … END`` with parameters.
+
+    Written as SQL: When() objects compile one lookup per job, and this runs inside the act
+    transaction (on SQLite, while holding the database's write lock).
+    """
+    distinct = set(values.values())
+    if len(distinct) == 1:
+        return next(iter(distinct))
+    ops = connections[db].ops
+    column = ops.quote_name(str(Job._meta.pk.column))
+    sql = f"CASE {column} {' '.join(['WHEN %s THEN %s'] * len(values))} END"
+    params = [value for pk, v in values.items() for value in (pk, v)]
+    sample = next(v for v in distinct if v is not None) if distinct - {None} else None
+    output = models.PositiveIntegerField() if isinstance(sample, int) or sample is None else None
+    return RawSQL(sql, params, output_field=output or models.CharField())
+
+
+def _after(outcomes: Sequence[Outcome], db: str) -> None:
+    """The outcomes' events (one INSERT) and, after commit, their log lines and signals."""
+    JobEvent.objects.using(db).bulk_create([e for o in outcomes for e in o.events])
+    for outcome in outcomes:
+        announce(outcome.job, outcome.status, outcome.reason, outcome.found)
+
+
+# --- crashes, hand-backs, lapsed leases -------------------------------------------------------
+
+
+def release(
+    claim: Claim,
+    jobs: Sequence[Job],
     *,
-    found: tuple[int | None, int | None] = (None, None),
-    worker: str = "",
+    culprit: Job | None = None,
+    suspects: bool = False,
+    error_class: str = "",
 ) -> None:
-    _event_row(job, event, reason, found, worker).save(using=job._state.db)
+    """Give claimed jobs back without an outcome (a crash in this worker, or a hand-back).
+
+    The ``culprit`` (the job whose handler or check crashed) keeps its attempt: it waits to be
+    retried, or ends ``failed``/``crashed`` once it was claimed TOMBSTONES_MAX_ATTEMPTS times
+    (``uncertain`` if its external call was already sent). The others get their attempt back
+    and are queued again in their place; ``suspects`` marks them to be claimed alone next time
+    (the crash could not be pinned on one of them).
+    """
+    db = claim.using
+    others = [job for job in jobs if job is not culprit]
+    with transaction.atomic(using=db):
+        if others:
+            back: dict[str, Any] = {
+                "status": Status.QUEUED,
+                "attempts": F("attempts") - 1,
+                "lease_expires_at": None,
+                "claim_token": "",
+            }
+            if suspects:
+                back["reason"] = Reason.CRASHED
+            _mine(claim, [job.pk for job in others]).update(**back)
+            for job in others:
+                job.status, job.attempts = Status.QUEUED, job.attempts - 1
+        if culprit is not None:
+            outcome = crash_outcome(culprit, error_class)
+            outcome.events.insert(0, event_row(culprit, Event.CLAIMED, worker=claim.worker))
+            outcome.events.append(
+                event_row(culprit, EVENT_FOR_STATUS[outcome.status], outcome.reason)
+            )
+            sending = Q(sending_at__isnull=False)
+            if _write(_mine(claim, [culprit.pk]).exclude(sending), [outcome], db):
+                _after([outcome], db)
+            else:  # its external call was sent: the outcome is unknown, never repeated
+                uncertain = Outcome(culprit, Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN)
+                uncertain.error_class = error_class
+                uncertain.events = [event_row(culprit, Event.UNCERTAIN, Reason.OUTCOME_UNKNOWN)]
+                if _write(_mine(claim, [culprit.pk]).filter(sending), [uncertain], db):
+                    _after([uncertain], db)
+
+
+def crash_outcome(job: Job, error_class: str = "") -> Outcome:
+    """A claim of ``job`` that ended without an outcome: retried, or failed once capped."""
+    if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
+        return Outcome(job, Status.FAILED, Reason.CRASHED, error_class=error_class)
+    delay = tombstone_settings.backoff(job.attempts)
+    return Outcome(job, Status.RETRY_WAIT, Reason.CRASHED, error_class=error_class, retry_in=delay)
+
+
+def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str, int]:
+    """Jobs whose worker vanished (lease ran out): never run twice, never lost.
+
+    - an external call was sent: ``uncertain``, never repeated by itself;
+    - claimed alone: a claim without an outcome; ``failed``/``crashed`` once it was claimed
+      TOMBSTONES_MAX_ATTEMPTS times, else queued again in its place;
+    - claimed with others: which of them killed the worker is unknown; each gets its attempt
+      back and is queued again, to be claimed alone next time.
+
+    Each change is conditional, so two of these running at once are harmless.
+    """
+    counts = {"uncertain": 0, "requeued": 0, "crashed": 0}
+    db = using or router.db_for_write(Job)
+    lapsed = Job.objects.using(db).lapsed()
+    shared = Exists(
+        Job.objects.filter(claim_token=OuterRef("claim_token"), status=Status.RUNNING).exclude(
+            pk=OuterRef("pk")
+        )
+    )
+    rows = lapsed.select_related("content_type").annotate(shared=shared).order_by("id")[:limit]
+    for job in rows:
+        still = Q(lease_expires_at__lt=Now(), claim_token=job.claim_token)
+        common: dict[str, Any] = {"claim_token": "", "lease_expires_at": None, "by": worker_id()}
+        if job.sending_at is not None:
+            counts["uncertain"] += transition(
+                job,
+                Status.UNCERTAIN,
+                Reason.OUTCOME_UNKNOWN,
+                from_status=(Status.RUNNING,),
+                extra_filter=still,
+                **common,
+            )
+        elif not job.shared and job.attempts >= tombstone_settings.MAX_ATTEMPTS:
+            counts["crashed"] += transition(
+                job,
+                Status.FAILED,
+                Reason.CRASHED,
+                from_status=(Status.RUNNING,),
+                extra_filter=still,
+                **common,
+            )
+        else:
+            if job.shared:
+                common["attempts"] = F("attempts") - 1
+            counts["requeued"] += transition(
+                job,
+                Status.QUEUED,
+                Reason.LEASE_EXPIRED,
+                from_status=(Status.RUNNING,),
+                extra_filter=still,
+                **common,
+            )
+    return counts
+
+
+# --- external calls ---------------------------------------------------------------------------
+
+
+def mark_sending(
+    claim: Claim, job: Job, source_live: Q | Exists, events: Sequence[JobEvent] = ()
+) -> bool:
+    """Commit 'sending' for an external call, only while the source record is still live.
+
+    ``events``: the attempt's events so far (claimed, checked), written before 'sending'.
+    """
+    with transaction.atomic(using=claim.using):
+        if not _mine(claim, [job.pk]).filter(source_live).update(sending_at=Now()):
+            return False
+        rows = [*events, event_row(job, Event.SENDING, worker=claim.worker)]
+        JobEvent.objects.using(claim.using).bulk_create(rows)
+    return True
+
+
+def mark_sent(claim: Claim, job: Job) -> bool:
+    with transaction.atomic(using=claim.using):
+        if not _mine(claim, [job.pk]).update(sent_at=Now()):
+            return False
+        event_row(job, Event.SENT, worker=claim.worker).save(using=claim.using)
+    return True
+
+
+def clear_sending(claim: Claim, job: Job) -> None:
+    """The handler stated nothing was delivered: the call may be retried."""
+    _mine(claim, [job.pk]).update(sending_at=None)
+
+
+# --- identity and logging ---------------------------------------------------------------------
 
 
 def record_ref(content_type_id: int, object_id: str) -> str:
@@ -431,7 +487,7 @@ def record_ref(content_type_id: int, object_id: str) -> str:
     return f"{ct.app_label}.{ct.model}:{object_id}"
 
 
-def announce(job: Job, status: str, reason: str, found: tuple[int | None, int | None]) -> None:
+def announce(job: Job, status: str, reason: str, found: Found) -> None:
     """Log the outcome (after commit) and send the signals."""
     extra = {
         "job_id": job.pk,
@@ -444,7 +500,7 @@ def announce(job: Job, status: str, reason: str, found: tuple[int | None, int | 
         "found_generation": found[0],
         "found_version": found[1],
     }
-    level = _LEVELS.get(status, logging.INFO)
+    level = _LEVELS.get(status, logging.WARNING)
     message = (
         "job %(job_id)s %(status)s reason=%(reason)s handler=%(handler)s record=%(record)s "
         "expected=g%(expected_generation)s/v%(expected_version)s "

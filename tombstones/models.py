@@ -8,6 +8,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.db.models.functions import Now
 
+from . import job_query
+from .job_query import JobQuerySet
 from .records import TombstoneModel
 
 __all__ = ["Dashboard", "Job", "JobEvent", "Rejection", "TombstoneModel"]
@@ -45,12 +47,15 @@ class Job(models.Model):
         HANDLER_ERROR = "handler_error"  # the handler raised; its writes rolled back
         TRANSIENT = "transient"  # a temporary failure (retry_wait)
         LEASE_EXPIRED = "lease_expired"  # the worker vanished; returned to the queue
+        CRASHED = "crashed"  # its claim ended without an outcome (the worker died or exited)
         CANCELLED_BY_STAFF = "cancelled_by_staff"  # cancelled in the admin
 
-    # Statuses that keep a lane blocked: later jobs of the same ordering key wait behind them.
-    UNFINISHED = (Status.QUEUED, Status.RUNNING, Status.RETRY_WAIT, Status.PAUSED)
+    # Not finished yet: the job still has a place in its lane (see tombstones.job_query).
+    UNFINISHED = job_query.UNFINISHED
+    # Statuses that hold a lane: no other job of it runs meanwhile.
+    HOLDING = job_query.HOLDING
     # Statuses a worker may claim.
-    CLAIMABLE = (Status.QUEUED, Status.RETRY_WAIT)
+    CLAIMABLE = job_query.CLAIMABLE
     TERMINAL = (
         Status.SUCCEEDED,
         Status.REJECTED,
@@ -77,7 +82,11 @@ class Job(models.Model):
     rereads = models.PositiveIntegerField(default=0)
     external = models.BooleanField(default=False)
     created_at = models.DateTimeField(db_default=Now(), db_index=True)
-    run_after = models.DateTimeField(db_default=Now())
+    run_after = models.DateTimeField(db_default=Now(), help_text="Not claimable before.")
+    queued_at = models.DateTimeField(
+        db_default=Now(),
+        help_text="Its place in its lane: the enqueue, or a delayed job's due time.",
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -89,12 +98,14 @@ class Job(models.Model):
     found_version = models.PositiveIntegerField(null=True, blank=True)
     q_task_id = models.CharField(max_length=32, blank=True, help_text="Last django-q2 task.")
 
+    objects = JobQuerySet.as_manager()
+
     class Meta:
         ordering = ("-id",)
         indexes = [
             models.Index(
-                fields=["lane", "id"],
-                name="tombstones_job_lane_open",
+                fields=["lane", "queued_at", "id"],
+                name="tombstones_job_lane_place",
                 condition=models.Q(status__in=["queued", "running", "retry_wait", "paused"]),
             ),
             models.Index(fields=["status", "run_after"], name="tombstones_job_due"),
@@ -121,7 +132,7 @@ class Job(models.Model):
 
     @property
     def sequence(self) -> int:
-        """Position in its lane: jobs run in increasing id order within one ordering key."""
+        """Enqueue order: ties of ``queued_at`` within a lane are broken by it."""
         return int(self.pk)
 
     @property

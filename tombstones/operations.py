@@ -15,11 +15,10 @@ from functools import partial
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
-from django.db.models.functions import Now
 
-from . import ledger
-from .dispatch import wake
+from . import job_query, ledger
 from .models import Job, JobEvent
+from .wakeups import wake_soon
 
 Status = Job.Status
 Reason = Job.Reason
@@ -39,11 +38,8 @@ class StaffAction:
 
 
 def _lane_head_only() -> Q:
-    # The job is still the head of its lane: no earlier unfinished job in the same lane.
-    earlier = Job.objects.filter(
-        lane=OuterRef("lane"), id__lt=OuterRef("id"), status__in=Job.UNFINISHED
-    )
-    return ~Q(Exists(earlier))
+    # The job is still the head of its lane: nothing of its lane runs before it.
+    return ~Q(job_query.holders_in_lane()) & (Q(status__in=Job.HOLDING) | ~Q(job_query.ahead()))
 
 
 def _never_resent() -> Q:
@@ -60,10 +56,8 @@ def _after_commit(job: Job, func: Callable[[], object]) -> None:
 
 
 def _wake_next(job: Job) -> None:
-    from .worker import wake_next
-
-    lane, db = job.lane, job._state.db
-    _after_commit(job, lambda: wake_next(lane, db))
+    # Its lane's next job may be due now.
+    _after_commit(job, partial(wake_soon, job.pk))
 
 
 def resolve_delivered(job: Job, seen: str) -> bool:
@@ -77,7 +71,7 @@ def resolve_resend(job: Job, seen: str) -> bool:
     """Staff checked: the call did not land. Queue the SAME job again, once; same idempotency key.
 
     The worker repeats the whole check before sending, so a record deleted meanwhile is still
-    rejected.
+    rejected. It keeps its place in its lane.
     """
     applied = ledger.transition(
         job,
@@ -87,14 +81,13 @@ def resolve_resend(job: Job, seen: str) -> bool:
         event=Event.RESOLVED,
         extra_filter=_never_resent(),
         finished_at=None,
-        run_after=Now(),
         sending_at=None,
         sent_at=None,
         claim_token="",
         lease_expires_at=None,
     )
     if applied:
-        _after_commit(job, partial(wake, job.pk))
+        _after_commit(job, partial(wake_soon, job.pk))
     return applied
 
 
@@ -115,7 +108,7 @@ def resume(job: Job, seen: str) -> bool:
         job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED
     )
     if applied:
-        _after_commit(job, partial(wake, job.pk))
+        _after_commit(job, partial(wake_soon, job.pk))
     return applied
 
 
@@ -219,8 +212,4 @@ def available(job: Job) -> list[StaffAction]:
 
 
 def is_lane_head(job: Job) -> bool:
-    return (
-        not Job.objects.using(job._state.db)
-        .filter(lane=job.lane, id__lt=job.pk, status__in=Job.UNFINISHED)
-        .exists()
-    )
+    return not Job.objects.using(job._state.db).blocking(job).exists()

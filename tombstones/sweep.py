@@ -1,19 +1,19 @@
-"""The periodic sweep: a lost django-q2 message or a vanished worker never loses a job.
+"""The periodic sweep: the fallback for lost wake-ups and workers that vanished.
 
-Every change is a conditional UPDATE, so two sweeps running at once are harmless.
+Timers do the waiting (:mod:`tombstones.alarms`): a job that becomes due wakes a worker within a
+second. The sweep repairs what they missed: a message lost in the broker, a worker process that
+died with its alarms, a host gone. Every change is a conditional UPDATE, so two sweeps running
+at once are harmless.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q, Value
-from django.db.models.functions import Now
-
-from . import ledger
+from . import job_query, ledger
 from .conf import tombstone_settings
-from .dispatch import wake
 from .models import Job
+from .wakeups import wake_soon
 
 Status = Job.Status
 Reason = Job.Reason
@@ -22,61 +22,28 @@ BATCH = 500
 
 
 def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
-    """Rescue expired leases, expire old jobs, resume paused ones, re-dispatch due lane heads."""
-    counts = {"uncertain": 0, "requeued": 0, "expired": 0, "resumed": 0, "dispatched": 0}
+    """Take back lapsed leases, expire old jobs, resume paused ones, wake a pump if any is due."""
+    counts = {**ledger.take_back_lapsed(using, limit=BATCH), "expired": 0, "resumed": 0}
     jobs = Job.objects.using(using).select_related("content_type")
-    lapsed = Q(status=Status.RUNNING, lease_expires_at__lt=Now())
-
-    for job in jobs.filter(lapsed, sending_at__isnull=False)[:BATCH]:
-        # Crashed after "sending": the call may have landed. Never repeated by itself.
-        counts["uncertain"] += ledger.transition(
-            job,
-            Status.UNCERTAIN,
-            Reason.OUTCOME_UNKNOWN,
-            from_status=(Status.RUNNING,),
-            extra_filter=lapsed & Q(sending_at__isnull=False),
-            claim_token="",
-            lease_expires_at=None,
-        )
-    for job in jobs.filter(lapsed, sending_at__isnull=True)[:BATCH]:
-        # Its write-and-outcome transaction never committed: safe to run again.
-        counts["requeued"] += ledger.transition(
-            job,
-            Status.QUEUED,
-            Reason.LEASE_EXPIRED,
-            from_status=(Status.RUNNING,),
-            extra_filter=lapsed & Q(sending_at__isnull=True),
-            claim_token="",
-            lease_expires_at=None,
-        )
-    too_old = Q(created_at__lt=Now() - Value(tombstone_settings.JOB_MAX_AGE))
-    for job in jobs.filter(too_old, status__in=Job.CLAIMABLE)[:BATCH]:
+    for job in jobs.too_old().filter(status__in=Job.CLAIMABLE)[:BATCH]:
         counts["expired"] += ledger.transition(
             job,
             Status.EXPIRED,
             Reason.QUEUE_EXPIRED,
             from_status=tuple(Job.CLAIMABLE),
-            extra_filter=too_old,
+            extra_filter=job_query.too_old(),  # still too old
         )
     for job in jobs.filter(status=Status.PAUSED)[:BATCH]:
-        # Resumed as queued: the check is repeated from scratch when it runs.
+        # Resumed as queued, in its place: the check is repeated from scratch when it runs.
         counts["resumed"] += ledger.transition(
-            job,
-            Status.QUEUED,
-            Reason.NONE,
-            from_status=(Status.PAUSED,),
-            event="resumed",
+            job, Status.QUEUED, Reason.NONE, from_status=(Status.PAUSED,), event="resumed"
         )
+    head = None
     if dispatch:
-        # Heads due for longer than a lease (their message was most likely lost), and retries
-        # now due (a retry_wait job has no message; its worker's alarm dies with the worker).
-        stuck = ledger.claimable(using).filter(
-            Q(run_after__lt=Now() - Value(tombstone_settings.LEASE))
-            | Q(status=Status.RETRY_WAIT, run_after__lte=Now())
-        )
-        for job_id in stuck.order_by("id").values_list("id", flat=True)[:BATCH]:
-            wake(job_id)
-            counts["dispatched"] += 1
+        head = Job.objects.using(using).claimable().order_by("queued_at", "id").first()
+        if head is not None:
+            wake_soon(head.pk)
+    counts["dispatched"] = int(head is not None)
     return counts
 
 

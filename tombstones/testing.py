@@ -335,10 +335,11 @@ class RaceFixture:
         self, attempts: dict[str, phases.Attempt | None], name: str, result: CaseResult
     ) -> None:
         attempt = attempts.get(name)
-        if attempt is None or attempt.outcome is not None:
+        if attempt is None or attempt.done:
             return  # not claimed, or already decided at the check
         outcome = phases.act(attempt)
-        result.writes += outcome.writes
+        if outcome is not None:
+            result.writes += outcome.writes
 
 
 def _label(job: Any, attempt: phases.Attempt | None) -> str:

@@ -1,7 +1,7 @@
 """Settings for worker subprocesses started by the acceptance tests: the demo's, plus a lease
 short enough (TOMBSTONES_LEASE_SECONDS) for a test to wait out a crashed worker's lease, a
-shorter retry backoff (TOMBSTONES_RETRY_BACKOFF_SECONDS), and coalesced wake-ups when
-TOMBSTONES_COALESCE_WAKES=1."""
+shorter retry backoff (TOMBSTONES_RETRY_BACKOFF_SECONDS), TOMBSTONES_MAX_ATTEMPTS, and
+django-q2's task timeout (Q_TIMEOUT)."""
 
 import os
 from datetime import timedelta
@@ -9,7 +9,9 @@ from datetime import timedelta
 from project.settings import *  # noqa: F403
 
 TOMBSTONES_LEASE = float(os.environ.get("TOMBSTONES_LEASE_SECONDS", "60"))
-TOMBSTONES_COALESCE_WAKES = os.environ.get("TOMBSTONES_COALESCE_WAKES") == "1"
+TOMBSTONES_MAX_ATTEMPTS = int(os.environ.get("TOMBSTONES_MAX_ATTEMPTS", "5"))
+if os.environ.get("Q_TIMEOUT"):
+    Q_CLUSTER = {**Q_CLUSTER, "timeout": int(os.environ["Q_TIMEOUT"])}  # noqa: F405
 TOMBSTONES_RETRY_BACKOFF = timedelta(
     seconds=float(os.environ.get("TOMBSTONES_RETRY_BACKOFF_SECONDS", "2"))
 )

@@ -17,8 +17,11 @@ from django.db.models.functions import Now
 from django.test.utils import override_settings
 
 from project.stress.models import AppliedWrite
-from tombstones import ledger, worker
+from tests.jobkit import record as finish
+from tests.jobkit import try_claim
+from tombstones import keeper, worker
 from tombstones.dispatch import enqueue
+from tombstones.exceptions import LeaseLost
 from tombstones.models import Job, JobEvent
 from tombstones.sweep import sweep
 
@@ -55,21 +58,21 @@ def test_lanes__default_ordering_key_is_the_record_and_can_be_overridden(queue: 
 def test_lanes__only_the_head_is_claimable_and_order_is_kept(queue: str) -> None:
     record = entity("L2")
     first, second, third = (enqueue("stress.apply", record) for _ in range(3))
-    assert ledger.claim(second.pk) is None
-    assert ledger.claim(third.pk) is None
-    taken = ledger.claim(first.pk)
+    assert try_claim(second) is None
+    assert try_claim(third) is None
+    taken = try_claim(first)
     assert taken is not None
-    assert ledger.claim(second.pk) is None  # the head is running: the lane is held
-    ledger.finish(taken, Status.SUCCEEDED)
-    assert ledger.claim(third.pk) is None  # still not the head
-    assert ledger.claim(second.pk) is not None
+    assert try_claim(second) is None  # the head is running: the lane is held
+    finish(taken, Status.SUCCEEDED)
+    assert try_claim(third) is None  # still not the head
+    assert try_claim(second) is not None
 
 
 def test_lanes__different_lanes_run_in_parallel(queue: str) -> None:
     one, two = entity("L3a"), entity("L3b")
     a, b = enqueue("stress.apply", one), enqueue("stress.apply", two)
-    assert ledger.claim(a.pk) is not None
-    assert ledger.claim(b.pk) is not None
+    assert try_claim(a) is not None
+    assert try_claim(b) is not None
     assert Job.objects.filter(status=Status.RUNNING).count() == 2
 
 
@@ -77,11 +80,11 @@ def test_lanes__different_lanes_run_in_parallel(queue: str) -> None:
 def test_lanes__retry_wait_and_paused_hold_the_lane(queue: str, holding: str) -> None:
     record = entity("L4")
     first, second = enqueue("stress.apply", record), enqueue("stress.apply", record)
-    taken = ledger.claim(first.pk)
+    taken = try_claim(first)
     assert taken is not None
-    ledger.finish(taken, holding, Job.Reason.TRANSIENT, run_after=Now() + timedelta(hours=1))
-    assert ledger.claim(second.pk) is None
-    worker.wake_next(first.lane, None)  # nothing to wake: the lane is held
+    finish(taken, holding, Job.Reason.TRANSIENT, retry_in=timedelta(hours=1))
+    assert try_claim(second) is None
+    worker.run()  # a wake-up runs nothing: the lane is held
     assert _status(second) == Status.QUEUED
 
 
@@ -89,10 +92,10 @@ def test_lanes__retry_wait_and_paused_hold_the_lane(queue: str, holding: str) ->
 def test_lanes__every_terminal_outcome_releases_the_lane(queue: str, terminal: str) -> None:
     record = entity("L5")
     first, second = enqueue("stress.apply", record), enqueue("stress.apply", record)
-    taken = ledger.claim(first.pk)
+    taken = try_claim(first)
     assert taken is not None
-    ledger.finish(taken, terminal)
-    assert ledger.claim(second.pk) is not None
+    finish(taken, terminal)
+    assert try_claim(second) is not None
 
 
 def test_lanes__the_database_refuses_a_second_running_job_in_a_lane(queue: str) -> None:
@@ -108,7 +111,7 @@ def test_lanes__lease_is_computed_with_the_database_clock(queue: str) -> None:
     record = entity("L7")
     job = enqueue("stress.apply", record)
     with override_settings(TOMBSTONES_LEASE=timedelta(seconds=600)):
-        assert ledger.claim(job.pk) is not None
+        assert try_claim(job) is not None
     row = (
         Job.objects.filter(pk=job.pk)
         .annotate(db_now=Now(output_field=DateTimeField()))
@@ -126,23 +129,23 @@ def test_lanes__heartbeat_extends_the_lease_and_a_lost_lease_fences_everything(
 ) -> None:
     record = entity("L8")
     job = enqueue("stress.apply", record)
-    taken = ledger.claim(job.pk)
+    taken = try_claim(job)
     assert taken is not None
     backdate_lease(job.pk)
-    assert ledger.extend_lease(taken)
+    assert keeper.heartbeat(taken)
     job.refresh_from_db()
     assert job.lease_expires_at is not None
     assert sweep(dispatch=False)["requeued"] == 0  # extended: not lapsed
 
     backdate_lease(job.pk)
     assert sweep(dispatch=False)["requeued"] == 1
-    rescuer = ledger.claim(job.pk)
+    rescuer = try_claim(job)
     assert rescuer is not None
     # The first worker's claim is dead: no lease, no outcome.
-    assert ledger.extend_lease(taken) is False
-    with pytest.raises(ledger.LeaseLost):
-        ledger.finish(taken, Status.SUCCEEDED)
-    ledger.finish(rescuer, Status.SUCCEEDED)
+    assert keeper.heartbeat(taken) is False
+    with pytest.raises(LeaseLost):
+        finish(taken, Status.SUCCEEDED)
+    finish(rescuer, Status.SUCCEEDED)
     assert _status(job) == Status.SUCCEEDED
 
 
@@ -164,11 +167,11 @@ def test_lanes__long_handler_heartbeat_survives_concurrent_sweeps(queue: str) ->
         thread = threading.Thread(target=sweeper)
         thread.start()
         try:
-            result = worker.run_job(job.pk)
+            result = worker.run(job.pk)
         finally:
             done.set()
             thread.join(10)
-    assert result["status"] == Status.SUCCEEDED
+    assert result["carried"] == [[job.pk, Status.SUCCEEDED, ""]]
     assert len(swept) > 10
     assert sum(s["requeued"] for s in swept) == 0
     assert AppliedWrite.objects.filter(job_id=job.pk).count() == 1
@@ -213,11 +216,12 @@ def test_lanes__two_workers_claim_the_same_job_at_once_exactly_one_wins(
     record = entity("R1")
     for _ in range(REPEATS):
         job = enqueue("stress.apply", record)
-        claims = racers.race(*[partial(ledger.claim, job.pk)] * 2)
+        claims = racers.race(*[partial(try_claim, job)] * 2)
         won = [c for c in claims if c is not None]
         assert len(won) == 1
-        ledger.finish(won[0], Status.SUCCEEDED)
-    assert JobEvent.objects.filter(event=JobEvent.Event.CLAIMED).count() == REPEATS
+        finish(won[0], Status.SUCCEEDED)
+    assert JobEvent.objects.filter(event=JobEvent.Event.SUCCEEDED).count() == REPEATS
+    assert Job.objects.filter(status=Status.SUCCEEDED, attempts=1).count() == REPEATS
 
 
 def test_lanes__two_workers_race_for_two_jobs_of_one_lane_only_the_head_runs(
@@ -226,13 +230,13 @@ def test_lanes__two_workers_race_for_two_jobs_of_one_lane_only_the_head_runs(
     record = entity("R2")
     for _ in range(REPEATS):
         head, next_ = enqueue("stress.apply", record), enqueue("stress.apply", record)
-        claims = racers.race(partial(ledger.claim, head.pk), partial(ledger.claim, next_.pk))
+        claims = racers.race(partial(try_claim, head), partial(try_claim, next_))
         assert claims[0] is not None
         assert claims[1] is None
-        ledger.finish(claims[0], Status.SUCCEEDED)
-        next_claim = ledger.claim(next_.pk)
+        finish(claims[0], Status.SUCCEEDED)
+        next_claim = try_claim(next_)
         assert next_claim is not None
-        ledger.finish(next_claim, Status.SUCCEEDED)
+        finish(next_claim, Status.SUCCEEDED)
 
 
 def test_lanes__head_finishing_while_next_is_claimed_never_runs_two(racers: _Racers) -> None:
@@ -240,16 +244,14 @@ def test_lanes__head_finishing_while_next_is_claimed_never_runs_two(racers: _Rac
     record = entity("R3")
     for _ in range(REPEATS // 2):
         head, next_ = enqueue("stress.apply", record), enqueue("stress.apply", record)
-        taken = ledger.claim(head.pk)
+        taken = try_claim(head)
         assert taken is not None
-        results = racers.race(
-            partial(ledger.finish, taken, Status.SUCCEEDED), partial(ledger.claim, next_.pk)
-        )
+        results = racers.race(partial(finish, taken, Status.SUCCEEDED), partial(try_claim, next_))
         assert Job.objects.filter(lane=head.lane, status=Status.RUNNING).count() <= 1
         if results[1] is None:
-            results[1] = ledger.claim(next_.pk)
+            results[1] = try_claim(next_)
         assert results[1] is not None
-        ledger.finish(results[1], Status.SUCCEEDED)
+        finish(results[1], Status.SUCCEEDED)
 
 
 @pytest.mark.cluster

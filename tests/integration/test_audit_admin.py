@@ -22,8 +22,8 @@ from django.urls import reverse
 
 from project.customers.models import Customer
 from tests.factories import CustomerFactory
-from tests.jobkit import STAFF_CODENAMES, run, temp_handler
-from tombstones import ledger
+from tests.jobkit import STAFF_CODENAMES, claim, run, temp_handler
+from tests.jobkit import record as record_outcome
 from tombstones.dispatch import enqueue
 from tombstones.models import Job, JobEvent, Rejection
 from tombstones.roles import AUDITOR_PERMISSIONS, AUDITORS
@@ -110,9 +110,7 @@ def _rejected(record: Customer) -> Job:
 
 def _paused(record: Customer, **kwargs: Any) -> Job:
     job = enqueue("customers.update_sheet_row", record, **kwargs)
-    claim = ledger.claim(job.pk)
-    assert claim is not None
-    ledger.finish(claim, Status.PAUSED, Reason.TOMBSTONE_UNREADABLE)
+    record_outcome(claim(job), Status.PAUSED, Reason.TOMBSTONE_UNREADABLE)
     job.refresh_from_db()
     return job
 

@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.db.models import Value
 from django.db.models.functions import Now
+from django.utils import timezone
 from django_q.models import OrmQ, Task
 from django_q.signing import SignedPackage
 
@@ -40,9 +41,14 @@ def test_q_task__rejected_job_is_not_stored_as_a_success() -> None:
         bad = tombstones.enqueue("customers.update_sheet_row", gone_customer)
         gone_customer.delete()
     tasks = {t.args[0]: t for t in Task.objects.filter(func="tombstones.worker.run")}
+    # The wake-up that ran the success is stored as one; the one that carried the rejection is
+    # stored neither as a success nor as a worker failure: the ledger and the log line say it.
     assert tasks[good.pk].success is True
-    assert tasks[bad.pk].success is False
-    assert tasks[bad.pk].result["status"] == "rejected"
+    assert tasks[good.pk].result["carried"] == [[good.pk, "succeeded", ""]]
+    assert bad.pk not in tasks
+    assert not Task.objects.filter(success=False).exists()
+    bad.refresh_from_db()
+    assert bad.status == Status.REJECTED
     assert "ok   django-q2 successes" in _doctor()
 
 
@@ -52,7 +58,17 @@ def test_doctor__names_a_rejected_job_recorded_as_success() -> None:
     with transaction.atomic():
         job = tombstones.enqueue("customers.update_sheet_row", customer)
         customer.delete()
-    Task.objects.filter(args=(job.pk,)).update(success=True)  # what the doctor must catch
+    # What the doctor must catch: a stored success that carried the rejected job.
+    Task.objects.create(
+        id="f" * 32,
+        name="forged",
+        func="tombstones.worker.run",
+        args=(job.pk,),
+        started=timezone.now(),
+        stopped=timezone.now(),
+        success=True,
+        result={"job": job.pk, "carried": [[job.pk, "rejected", "source_deleted"]]},
+    )
     with pytest.raises(CommandError, match="1 problem"):
         _doctor()
 

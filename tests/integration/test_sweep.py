@@ -1,5 +1,5 @@
-"""The periodic sweep: lease rescue, uncertain after sending, expiry, resume, re-dispatch; its
-django-q2 schedule; two sweeps at once."""
+"""The periodic sweep (the fallback): lease rescue, uncertain after sending, expiry, resume, a
+wake-up when anything is due; its django-q2 schedule; two sweeps at once."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from django.test.utils import override_settings
 from django_q.models import Schedule
 
 from project.stress.models import StressEntity
-from tests.jobkit import run_together, succeeded
+from tests.jobkit import claim, record, run_together, succeeded
 from tombstones import ledger
 from tombstones import sweep as sweep_module
 from tombstones.dispatch import enqueue
+from tombstones.exceptions import LeaseLost
 from tombstones.models import Job, JobEvent
 from tombstones.sweep import install_schedule, sweep
 
@@ -27,28 +28,25 @@ Reason = Job.Reason
 
 @pytest.fixture
 def woken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Jobs the sweep re-dispatched (the message itself is not sent)."""
+    """Wake-ups the sweep sent (the message itself is not sent)."""
     calls: list[int] = []
-    monkeypatch.setattr(sweep_module, "wake", calls.append)
+    monkeypatch.setattr(sweep_module, "wake_soon", calls.append)
     return calls
 
 
 @pytest.fixture
-def record(db: None) -> StressEntity:
+def entity(db: None) -> StressEntity:
     return StressEntity.all_objects.recreate(key="S1", payload="p")
 
 
 @pytest.fixture(autouse=True)
 def _no_wake_on_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
     # Enqueued jobs stay queued: these tests drive the sweep, not a worker.
-    monkeypatch.setattr("tombstones.dispatch.wake", lambda job_id: None)
+    monkeypatch.setattr("tombstones.dispatch.wake_soon", lambda job_id: None)
 
 
-def _claimed(record: StressEntity, handler: str = "stress.apply") -> ledger.Claim:
-    job = enqueue(handler, record)
-    claim = ledger.claim(job.pk)
-    assert claim is not None
-    return claim
+def _claimed(entity: StressEntity, handler: str = "stress.apply") -> ledger.Claim:
+    return claim(enqueue(handler, entity))
 
 
 def _expire(job: Job) -> None:
@@ -56,79 +54,69 @@ def _expire(job: Job) -> None:
 
 
 def test_sweep__expired_lease_returns_the_job_to_the_queue(
-    record: StressEntity, woken: list[int]
+    entity: StressEntity, woken: list[int]
 ) -> None:
-    claim = _claimed(record)
+    taken = _claimed(entity)
     assert sweep()["requeued"] == 0  # lease still valid
-    _expire(claim.job)
+    _expire(taken.jobs[0])
     counts = sweep(dispatch=False)
     assert counts["requeued"] == 1
-    job = Job.objects.get(pk=claim.job.pk)
+    job = Job.objects.get(pk=taken.jobs[0].pk)
     assert (job.status, job.reason, job.claim_token, job.lease_expires_at) == (
         Status.QUEUED,
         Reason.LEASE_EXPIRED,
         "",
         None,
     )
+    assert job.attempts == 1  # claimed alone: the claim without an outcome counts
     assert JobEvent.objects.filter(job=job, event=JobEvent.Event.REQUEUED).count() == 1
-    with pytest.raises(ledger.LeaseLost):
-        ledger.finish(claim, Status.SUCCEEDED)
+    with pytest.raises(LeaseLost):
+        record(taken, Status.SUCCEEDED)
 
 
-def test_sweep__expired_lease_after_sending_is_uncertain(record: StressEntity) -> None:
-    claim = _claimed(record, "stress.upsert")
-    assert ledger.mark_sending(claim, Q())
-    _expire(claim.job)
+def test_sweep__expired_lease_after_sending_is_uncertain(entity: StressEntity) -> None:
+    taken = _claimed(entity, "stress.upsert")
+    assert ledger.mark_sending(taken, taken.jobs[0], Q())
+    _expire(taken.jobs[0])
     assert sweep(dispatch=False)["uncertain"] == 1
-    job = Job.objects.get(pk=claim.job.pk)
+    job = Job.objects.get(pk=taken.jobs[0].pk)
     assert (job.status, job.reason) == (Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN)
     assert job.finished_at is not None
 
 
-def test_sweep__old_jobs_expire_and_release_their_lane(record: StressEntity) -> None:
-    old, young = enqueue("stress.apply", record), enqueue("stress.apply", record)
+def test_sweep__old_jobs_expire_and_release_their_lane(entity: StressEntity) -> None:
+    old, young = enqueue("stress.apply", entity), enqueue("stress.apply", entity)
     Job.objects.filter(pk=old.pk).update(created_at=Now() - timedelta(days=8))
     assert sweep(dispatch=False)["expired"] == 1
     assert Job.objects.get(pk=old.pk).status == Status.EXPIRED
-    assert ledger.claim(young.pk) is not None
+    assert claim(young) is not None
 
 
-def test_sweep__paused_jobs_are_resumed(record: StressEntity) -> None:
-    claim = _claimed(record)
-    ledger.finish(claim, Status.PAUSED, Reason.TOMBSTONE_UNREADABLE)
+def test_sweep__paused_jobs_are_resumed_in_their_place(entity: StressEntity) -> None:
+    taken = _claimed(entity)
+    behind = enqueue("stress.apply", entity)
+    record(taken, Status.PAUSED, Reason.TOMBSTONE_UNREADABLE)
+    assert not Job.objects.claimable().filter(pk=behind.pk).exists()  # a paused job holds
     assert sweep(dispatch=False)["resumed"] == 1
-    job = Job.objects.get(pk=claim.job.pk)
+    job = Job.objects.get(pk=taken.jobs[0].pk)
     assert (job.status, job.reason) == (Status.QUEUED, Reason.NONE)
     assert JobEvent.objects.filter(job=job, event=JobEvent.Event.RESUMED).count() == 1
+    assert list(Job.objects.claimable().values_list("id", flat=True)) == [job.pk]
 
 
-def test_sweep__redispatches_lane_heads_whose_message_was_lost(
-    record: StressEntity, woken: list[int]
+def test_sweep__wakes_a_worker_when_a_lane_head_is_due(
+    entity: StressEntity, woken: list[int]
 ) -> None:
-    head, behind = enqueue("stress.apply", record), enqueue("stress.apply", record)
-    fresh = enqueue("stress.apply", StressEntity.all_objects.recreate(key="S2", payload="p"))
-    Job.objects.filter(pk__in=[head.pk, behind.pk]).update(run_after=Now() - timedelta(hours=1))
+    head, _behind = enqueue("stress.apply", entity), enqueue("stress.apply", entity)
     assert sweep()["dispatched"] == 1
-    # Only the head of a lane, and not a job whose message may still be on its way.
-    assert woken == [head.pk]
-    assert fresh.pk not in woken
+    assert woken == [head.pk]  # one wake-up: its pump runs every due lane head
 
 
-def test_sweep__redispatches_retries_as_soon_as_they_are_due(
-    record: StressEntity, woken: list[int]
-) -> None:
-    claim = _claimed(record)
-    ledger.finish(claim, Status.RETRY_WAIT, Reason.TRANSIENT, run_after=Now())
-    assert sweep()["dispatched"] == 1
-    assert woken == [claim.job.pk]
-
-
-def test_sweep__retry_not_yet_due_is_left_alone(record: StressEntity, woken: list[int]) -> None:
-    claim = _claimed(record)
-    ledger.finish(
-        claim, Status.RETRY_WAIT, Reason.TRANSIENT, run_after=Now() + timedelta(minutes=5)
-    )
+def test_sweep__retry_not_yet_due_is_left_alone(entity: StressEntity, woken: list[int]) -> None:
+    taken = _claimed(entity)
+    record(taken, Status.RETRY_WAIT, Reason.TRANSIENT, retry_in=timedelta(minutes=5))
     assert sweep()["dispatched"] == 0
+    assert woken == []
 
 
 @pytest.fixture
@@ -138,20 +126,19 @@ def settled(transactional_db: None) -> Iterator[None]:
 
 
 def test_sweep__two_sweeps_at_once_are_harmless(settled: None, woken: list[int]) -> None:
-    records = [StressEntity.all_objects.recreate(key=f"T{i}", payload="p") for i in range(6)]
-    claims = [_claimed(r) for r in records]
+    entities = [StressEntity.all_objects.recreate(key=f"T{i}", payload="p") for i in range(6)]
+    claims = [_claimed(e) for e in entities]
     sending = [_claimed(StressEntity.all_objects.recreate(key="TX", payload="p"), "stress.upsert")]
     for c in sending:
-        ledger.mark_sending(c, Q())
+        ledger.mark_sending(c, c.jobs[0], Q())
     for c in claims + sending:
-        _expire(c.job)
+        _expire(c.jobs[0])
     results = succeeded(run_together(sweep, sweep))
     assert sum(r["requeued"] for r in results) == len(claims)
     assert sum(r["uncertain"] for r in results) == 1
     for c in claims:
-        assert JobEvent.objects.filter(job_id=c.job.pk, event="requeued").count() == 1
+        assert JobEvent.objects.filter(job_id=c.jobs[0].pk, event="requeued").count() == 1
     assert Job.objects.filter(status=Status.UNCERTAIN).count() == 1
-    # A duplicate re-dispatch is only a duplicate message: the claim runs the job once.
 
 
 def test_sweep__installs_a_django_q_schedule_with_the_configured_interval(db: None) -> None:

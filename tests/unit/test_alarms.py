@@ -1,4 +1,5 @@
-"""The retry alarms of a worker process (tombstones.alarms): due order, never early, bounded."""
+"""The timers of a worker process (tombstones.alarms): due order, never early, one per moment,
+bounded, robust; not set outside a cluster worker."""
 
 from __future__ import annotations
 
@@ -13,73 +14,77 @@ from tombstones import alarms
 
 
 class Rung:
-    """The wake-up an alarm sends, recorded with its time."""
+    """The ticks an alarm rings, recorded with their time."""
 
-    def __init__(self, expected: int) -> None:
-        self.calls: list[tuple[int, float]] = []
+    def __init__(self, expected: int, fail_first: bool = False) -> None:
+        self.calls: list[float] = []
         self.expected = expected
+        self.fail_first = fail_first
         self.all_rung = threading.Event()
 
-    def __call__(self, job_id: int) -> None:
-        self.calls.append((job_id, time.monotonic()))
+    def __call__(self) -> None:
+        self.calls.append(time.monotonic())
+        if self.fail_first and len(self.calls) == 1:
+            raise RuntimeError("broker down")
         if len(self.calls) == self.expected:
             self.all_rung.set()
 
 
-def test_alarms__ring_in_due_order_and_never_before_due() -> None:
-    rung = Rung(expected=3)
+def test_alarms__ring_at_their_moment_and_never_before() -> None:
+    rung = Rung(expected=1)
     pending = alarms.Alarms(rung)
     start = time.monotonic()
-    delays = {1: 0.4, 2: 0.2, 3: 0.0}
-    for job_id, delay in delays.items():
-        assert pending.add(job_id, timedelta(seconds=delay))
+    assert pending.add(timedelta(seconds=0.3))
     assert rung.all_rung.wait(5)
-    assert [job_id for job_id, _ in rung.calls] == [3, 2, 1]
-    for job_id, at in rung.calls:
-        assert at - start >= delays[job_id] + alarms.LATE
+    assert rung.calls[0] - start >= 0.3 + alarms.LATE
     assert pending.pending() == 0
 
 
+def test_alarms__a_later_moment_waits_for_the_earlier_tick_to_arm_it() -> None:
+    """One alarm per moment: a tick arms the next moment the ledger knows of, so a later alarm
+    is not needed while an earlier one is pending."""
+    pending = alarms.Alarms(Rung(expected=99))
+    assert pending.add(timedelta(seconds=5))
+    assert not pending.add(timedelta(seconds=9))
+    assert pending.pending() == 1
+
+
 def test_alarms__an_earlier_alarm_added_later_rings_first() -> None:
-    rung = Rung(expected=2)
+    rung = Rung(expected=1)
     pending = alarms.Alarms(rung)
     start = time.monotonic()
-    pending.add(1, timedelta(seconds=1))
+    pending.add(timedelta(seconds=2))
     time.sleep(0.05)  # the ringing thread is now asleep until the first alarm
-    pending.add(2, timedelta(seconds=0))
+    assert pending.add(timedelta(seconds=0))
     assert rung.all_rung.wait(5)
-    assert [job_id for job_id, _ in rung.calls] == [2, 1]
     # Woken by the new alarm, not at the end of its sleep for the first one.
-    assert rung.calls[0][1] - start < 1
+    assert rung.calls[0] - start < 1
 
 
 def test_alarms__bounded_the_rest_is_the_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(alarms, "MAX_PENDING", 2)
     pending = alarms.Alarms(Rung(expected=99))
-    assert pending.add(1, timedelta(hours=1))
-    assert pending.add(2, timedelta(hours=1))
-    assert not pending.add(3, timedelta(hours=1))
+    assert pending.add(timedelta(hours=2))
+    assert pending.add(timedelta(hours=1))
+    assert not pending.add(timedelta(minutes=1))
     assert pending.pending() == 2
 
 
-def test_alarms__a_wake_that_raises_does_not_stop_the_others() -> None:
-    rung = Rung(expected=1)
-
-    def wake(job_id: int) -> None:
-        if job_id == 1:
-            raise RuntimeError("broker down")
-        rung(job_id)
-
-    pending = alarms.Alarms(wake)
-    pending.add(1, timedelta(0))
-    pending.add(2, timedelta(seconds=0.1))
+def test_alarms__a_tick_that_raises_does_not_stop_the_next() -> None:
+    rung = Rung(expected=2, fail_first=True)
+    pending = alarms.Alarms(rung)
+    pending.add(timedelta(0))
+    time.sleep(0.3)
+    pending.add(timedelta(0))
     assert rung.all_rung.wait(5)
-    assert [job_id for job_id, _ in rung.calls] == [2]
+    assert len(rung.calls) == 2
 
 
 def test_alarms__not_set_outside_a_cluster_worker(settings: Any) -> None:
     # The test process was not started by a django-q2 cluster: a late wake-up would land in
     # whatever test runs next.
     settings.TOMBSTONES_Q_OPTIONS = {}
-    assert not alarms.wake_when_due(1, timedelta(0))
+    assert not alarms.ring_in(timedelta(0))
+    assert not alarms.arm_next()
+    alarms.on_worker_start()
     assert alarms._alarms == {}

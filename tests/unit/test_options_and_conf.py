@@ -128,7 +128,7 @@ def test_settings__number_of_seconds_is_a_timedelta(settings: Any) -> None:
         ("MAX_ATTEMPTS", 0),
         ("MAX_ATTEMPTS", "5"),
         ("STALE_REREADS", 2.5),
-        ("LANE_DRAIN", False),
+        ("BATCH_SIZE", 0),
         ("Q_OPTIONS", ["sync"]),
     ],
 )

@@ -11,9 +11,8 @@ from django.db.models.functions import Now
 
 from tombstones.conf import tombstone_settings
 from tombstones.models import Job
-from tombstones.worker import Q_SUCCESS, carried_statuses
-
-TASK_FUNC = "tombstones.worker.run"
+from tombstones.wakeups import TASK as TASK_FUNC
+from tombstones.worker import carried as carried_statuses
 
 
 class Command(BaseCommand):
@@ -78,7 +77,7 @@ class Command(BaseCommand):
             .values_list("pk", "status")
         )
         for job_id, status in claims:
-            if status not in Q_SUCCESS:
+            if status != Job.Status.SUCCEEDED:
                 found.append(f"job {job_id}: django-q2 task stored as success with status {status}")
             elif status == Job.Status.SUCCEEDED and ledger.get(job_id) != Job.Status.SUCCEEDED:
                 found.append(

@@ -1,0 +1,552 @@
+"""The one road (tombstones.runner): claims of many lane heads keep every guarantee of one job."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import Value
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+import tombstones
+from project.customers.models import Customer
+from tests.factories import CustomerFactory
+from tests.jobkit import claim, events, make_due, run_together, succeeded, temp_handler
+from tombstones import ledger, runner, worker
+from tombstones.models import Job
+from tombstones.sweep import sweep
+
+pytestmark = pytest.mark.django_db
+
+Status, Reason = Job.Status, Job.Reason
+
+
+def _touch(ctx: Any) -> None:
+    ctx.update(phone=f"+{ctx.job.pk}")
+
+
+@pytest.fixture
+def queued(settings: Any) -> Any:
+    """Jobs enqueued without running (the ORM broker holds their message; no worker runs)."""
+    settings.TOMBSTONES_Q_OPTIONS = {}
+
+    def make(count: int, handler: str = "t.touch", **kwargs: Any) -> list[Job]:
+        return [tombstones.enqueue(handler, CustomerFactory(), **kwargs) for _ in range(count)]
+
+    with temp_handler("t.touch", _touch):
+        yield make
+
+
+def _statuses(jobs: list[Job]) -> list[str]:
+    found = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "status"))
+    return [str(found[j.pk]) for j in jobs]
+
+
+def _pump() -> list[ledger.Outcome]:
+    return runner.pump()
+
+
+# --- the happy path, in few statements --------------------------------------------------------
+
+
+def test_runner__one_wake_runs_every_due_job_in_few_statements(queued: Any) -> None:
+    jobs = queued(40)
+    with CaptureQueriesContext(connection) as queries:
+        result = worker.run(jobs[0].pk)
+    assert len(result["carried"]) == 40
+    assert set(_statuses(jobs)) == {Status.SUCCEEDED}
+    assert Customer.objects.filter(version=2).count() == 40
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    per_job = len(queries) / 40
+    print(f"one road: {per_job:.2f} statements per job")
+    assert per_job <= 2, f"{per_job:.2f} statements per job"
+    assert events(jobs[5]) == ["enqueued", "claimed", "checked", "succeeded"]
+
+
+def test_runner__lanes_run_in_order_one_job_per_lane_per_claim(queued: Any) -> None:
+    one, two = CustomerFactory(), CustomerFactory()
+    lane_one = [tombstones.enqueue("t.touch", one) for _ in range(12)]
+    lane_two = [tombstones.enqueue("t.touch", two) for _ in range(4)]
+    ran = [o.job_id for o in _pump()]
+    for lane in (lane_one, lane_two):
+        assert [pk for pk in ran if pk in {j.pk for j in lane}] == [j.pk for j in lane]
+    one.refresh_from_db()
+    two.refresh_from_db()
+    assert (one.version, two.version) == (13, 5)
+    # Each job found the version its predecessor in the lane left.
+    found = list(
+        Job.objects.filter(pk__in=[j.pk for j in lane_one])
+        .order_by("id")
+        .values_list("found_version", flat=True)
+    )
+    assert found == list(range(2, 14))
+
+
+def test_runner__off_the_happy_path_each_job_gets_its_own_outcome(queued: Any) -> None:
+    good = queued(3)
+    deleted = queued(1)[0]
+    Customer.objects.filter(pk=deleted.object_id).delete()
+
+    def broken(ctx: Any) -> None:
+        ctx.update(phone="+1")
+        raise ValueError("boom")
+
+    with temp_handler("t.broken", broken):
+        failing = queued(1, handler="t.broken")[0]
+        outcomes = _pump()
+    by_job = {o.job_id: (o.status, o.reason) for o in outcomes}
+    assert by_job[deleted.pk] == (Status.REJECTED, Reason.SOURCE_DELETED)
+    assert by_job[failing.pk] == (Status.FAILED, Reason.HANDLER_ERROR)
+    assert all(by_job[j.pk] == (Status.SUCCEEDED, "") for j in good)
+    assert Customer.objects.get(pk=failing.object_id).version == 1  # its write rolled back
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_runner__a_lost_fence_rolls_back_the_group_and_each_job_runs_alone(queued: Any) -> None:
+    jobs = queued(3)
+    victim = Customer.objects.get(pk=jobs[1].object_id)
+    calls: list[int] = []
+
+    def racing(ctx: Any) -> None:
+        calls.append(ctx.job.pk)
+        if len(calls) == 1:
+            Customer.objects.filter(pk=victim.pk).update()  # another write, inside the group
+        ctx.update(phone="+5")
+
+    with temp_handler("t.racing", racing):
+        Job.objects.update(handler="t.racing")
+        outcomes = _pump()
+    assert {o.status for o in outcomes} == {Status.SUCCEEDED}
+    victim.refresh_from_db()
+    assert (victim.version, victim.phone) == (2, "+5")  # the bump rolled back; written once
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert all(events(j).count("claimed") == 1 for j in jobs)
+
+
+def test_runner__a_zombie_claim_writes_nothing(queued: Any) -> None:
+    jobs = queued(3)
+    zombie = ledger.claim(10)
+    assert zombie is not None
+    assert len(zombie.jobs) == 3
+    # The worker stalls; its leases run out and the jobs are handed to someone else.
+    Job.objects.update(lease_expires_at=Now() - Value(timedelta(seconds=1)))
+    assert sweep(dispatch=False)["requeued"] == 3
+    rescuer = ledger.claim(10)
+    assert rescuer is not None
+    assert len(rescuer.jobs) == 1  # the requeued jobs are suspects: each is claimed alone
+    ran, _ = runner.run_claim(zombie)  # the zombie wakes up
+    assert ran == []
+    assert Customer.objects.filter(version=1).count() == 3
+    runner.run_claim(rescuer)
+    _pump()
+    assert Customer.objects.filter(version=2).count() == 3
+    assert set(_statuses(jobs)) == {Status.SUCCEEDED}
+    assert all(events(j).count("succeeded") == 1 for j in jobs)
+
+
+def test_runner__a_head_taken_by_another_worker_after_the_look_is_not_run(
+    queued: Any,
+) -> None:
+    """The look is no claim: the claim's UPDATE decides, and the rest of the claim still runs."""
+    jobs = queued(3)
+    stolen: list[ledger.Claim] = []
+
+    def another_worker_first(execute: Any, sql: str, *args: Any) -> Any:
+        if not stolen and sql.startswith('UPDATE "tombstones_job"'):
+            stolen.append(None)  # once (this wrapper sees the other claim's UPDATE too)
+            stolen.append(claim(jobs[0]))  # between this claim's look and its UPDATE
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(another_worker_first):
+        taken = ledger.claim(10)
+    assert taken is not None
+    assert sorted(j.pk for j in taken.jobs) == [jobs[1].pk, jobs[2].pk]
+    ran, _ = runner.run_claim(taken)
+    assert sorted(o.job_id for o in ran) == [jobs[1].pk, jobs[2].pk]
+    assert _statuses(jobs) == [Status.RUNNING, Status.SUCCEEDED, Status.SUCCEEDED]
+    assert Customer.objects.get(pk=jobs[0].object_id).version == 1  # not written by this one
+
+
+# --- django-q2's task table ----------------------------------------------------------------
+
+
+def _q_task(result: dict[str, Any]) -> dict[str, Any]:
+    """A successful django-q2 task of the worker, after mark_q_task saw it."""
+    task = {"func": "tombstones.worker.run", "success": True, "result": result}
+    worker.mark_q_task(None, task)
+    return task
+
+
+def test_q_task__stored_only_when_every_carried_job_succeeded() -> None:
+    assert "save" not in _q_task({"job": 1, "carried": [[1, "succeeded", ""]]})
+    for other in ("rejected", "failed", "retry_wait", "uncertain"):
+        task = _q_task({"job": 1, "carried": [[1, "succeeded", ""], [2, other, "x"]]})
+        assert (task["success"], task["save"]) == (True, False)
+    assert _q_task({"job": 1, "carried": []})["save"] is False
+    worker_error = {"func": "tombstones.worker.run", "success": False, "result": "Traceback"}
+    worker.mark_q_task(None, worker_error)
+    assert "save" not in worker_error  # a worker error stays django-q2's to show
+
+
+# --- lanes with delays and retries ------------------------------------------------------------
+
+
+def test_lanes__a_delayed_job_does_not_hold_back_a_later_immediate_one(queued: Any) -> None:
+    customer = CustomerFactory()
+    later = timezone_now() + timedelta(hours=1)
+    delayed = tombstones.enqueue("t.touch", customer, run_after=later)
+    immediate = tombstones.enqueue("t.touch", customer)
+    assert [o.job_id for o in _pump()] == [immediate.pk]
+    Job.objects.filter(pk=delayed.pk).update(run_after=Now(), queued_at=Now())  # now due
+    assert [o.job_id for o in _pump()] == [delayed.pk]
+    delayed.refresh_from_db()
+    assert delayed.found_version == 3  # it ran on what the immediate job left: fenced, in order
+
+
+def test_lanes__a_retry_keeps_its_place_and_holds_its_lane(queued: Any, settings: Any) -> None:
+    settings.TOMBSTONES_RETRY_BACKOFF = timedelta(seconds=30)
+    customer = CustomerFactory()
+    tries: list[int] = []
+
+    def once_flaky(ctx: Any) -> None:
+        tries.append(ctx.job.pk)
+        if len(tries) == 1:
+            raise tombstones.TransientError("upstream busy")
+        ctx.update(phone="+7")
+
+    with temp_handler("t.once_flaky", once_flaky):
+        first = tombstones.enqueue("t.once_flaky", customer)
+        assert [o.status for o in _pump()] == [Status.RETRY_WAIT]
+        second = tombstones.enqueue("t.once_flaky", customer)
+        assert _pump() == []  # the retry holds the lane
+        make_due(first)
+        assert [o.job_id for o in _pump()] == [first.pk, second.pk]
+    assert tries == [first.pk, first.pk, second.pk]
+
+
+def test_lanes__a_run_after_in_the_past_does_not_overtake(queued: Any) -> None:
+    customer = CustomerFactory()
+    first = tombstones.enqueue("t.touch", customer)
+    second = tombstones.enqueue("t.touch", customer, run_after=timezone_now() - timedelta(days=1))
+    assert [o.job_id for o in _pump()] == [first.pk, second.pk]
+
+
+def timezone_now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+# --- poison jobs: a claim without an outcome counts, and is capped ---------------------------
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_poison__a_handler_that_exits_ends_failed_crashed_after_max_attempts(
+    queued: Any, settings: Any, error: type[BaseException]
+) -> None:
+    settings.TOMBSTONES_MAX_ATTEMPTS = 3
+    customer = CustomerFactory()
+
+    def exits(ctx: Any) -> None:
+        ctx.update(phone="+9")
+        raise error
+
+    with temp_handler("t.exits", exits):
+        poison = tombstones.enqueue("t.exits", customer)
+        behind = tombstones.enqueue("t.touch", customer)
+        others = queued(2)  # claimed with the poison job: innocent
+        for attempt in range(1, 4):
+            with pytest.raises(error):
+                _pump()
+            poison.refresh_from_db()
+            assert poison.attempts == attempt
+            assert Customer.objects.get(pk=customer.pk).version == 1  # rolled back each time
+            make_due(poison)
+        assert (poison.status, poison.reason) == (Status.FAILED, Reason.CRASHED)
+        assert events(poison).count("claimed") == 3
+        # The lane moves on; the jobs claimed with the poison one were given back, uncharged.
+        assert sorted(o.job_id for o in _pump()) == sorted([behind.pk] + [o.pk for o in others])
+    assert _statuses(others) == [Status.SUCCEEDED, Status.SUCCEEDED]
+    innocent = Job.objects.filter(pk__in=[o.pk for o in others])
+    assert set(innocent.values_list("attempts", flat=True)) == {1}
+
+
+def test_poison__a_crash_in_the_check_is_capped_and_the_pump_goes_on(
+    queued: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.TOMBSTONES_MAX_ATTEMPTS = 2
+    customer = CustomerFactory()
+    from tombstones import phases
+
+    real = phases.get_handler
+
+    def broken_lookup(name: str) -> Any:
+        if name == "t.touch_broken":
+            raise RuntimeError("a handlers module that fails to import")
+        return real(name)
+
+    monkeypatch.setattr(phases, "get_handler", broken_lookup)
+    with temp_handler("t.touch_broken", _touch):
+        poison = tombstones.enqueue("t.touch_broken", customer)
+        behind = tombstones.enqueue("t.touch", customer)
+        _pump()  # logged, not raised: the pump goes on with the other jobs
+        poison.refresh_from_db()
+        assert (poison.status, poison.reason, poison.attempts) == (
+            Status.RETRY_WAIT,
+            Reason.CRASHED,
+            1,
+        )
+        assert poison.error_class == "builtins.RuntimeError"
+        make_due(poison)
+        _pump()
+    poison.refresh_from_db()
+    assert (poison.status, poison.reason, poison.attempts) == (Status.FAILED, Reason.CRASHED, 2)
+    behind.refresh_from_db()
+    assert behind.status == Status.SUCCEEDED
+
+
+def test_poison__a_batch_that_lapses_is_given_back_and_its_jobs_claimed_alone(
+    queued: Any, settings: Any
+) -> None:
+    settings.TOMBSTONES_MAX_ATTEMPTS = 2
+    jobs = queued(3)
+    dead = ledger.claim(10)  # a worker took them together, then was killed
+    assert dead is not None
+    assert len(dead.jobs) == 3
+    Job.objects.update(lease_expires_at=Now() - Value(timedelta(seconds=1)))
+    assert ledger.take_back_lapsed()["requeued"] == 3
+    rows = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    # Which one killed the worker is unknown: none of them is charged for it.
+    assert set(rows.values_list("attempts", "reason")) == {(0, Reason.LEASE_EXPIRED)}
+    alone = ledger.claim(10)
+    assert alone is not None
+    assert len(alone.jobs) == 1
+    # Killed again, alone: that claim counts; at the cap it ends failed/crashed.
+    Job.objects.filter(pk=alone.jobs[0].pk).update(
+        attempts=2, lease_expires_at=Now() - Value(timedelta(seconds=1))
+    )
+    assert ledger.take_back_lapsed()["crashed"] == 1
+    assert Job.objects.get(pk=alone.jobs[0].pk).reason == Reason.CRASHED
+
+
+# --- leases: the keeper, heartbeats -----------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keeper__a_claim_held_longer_than_its_lease_is_never_taken_back(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four slow handlers in one claim of a lone worker, lease 0.6 s, sweeps every 50 ms: the
+    worker keeps the leases while it holds the jobs (no heartbeat in the handler), so each runs
+    once."""
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    monkeypatch.setattr(runner, "cluster_workers", lambda: 1)  # nobody to hand jobs back to
+    settings.TOMBSTONES_LEASE = timedelta(seconds=0.6)
+    slept: list[int] = []
+
+    def slow(ctx: Any) -> None:
+        slept.append(ctx.job.pk)
+        threading.Event().wait(0.5)
+        ctx.update(phone="+8")
+
+    done = threading.Event()
+    swept: list[dict[str, int]] = []
+
+    def sweeper() -> None:
+        try:
+            while not done.wait(0.05):
+                swept.append(sweep(dispatch=False))
+        finally:
+            connection.close()
+
+    with temp_handler("t.slow", slow):
+        jobs = [tombstones.enqueue("t.slow", CustomerFactory()) for _ in range(4)]
+        thread = threading.Thread(target=sweeper)
+        thread.start()
+        try:
+            ran = _pump()
+        finally:
+            done.set()
+            thread.join(30)
+    assert len(swept) > 10
+    assert sum(s["requeued"] for s in swept) == 0
+    assert sorted(o.job_id for o in ran) == sorted(j.pk for j in jobs)
+    assert sorted(slept) == sorted(j.pk for j in jobs)
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_heartbeat__inside_the_act_transaction_commits_at_once(
+    postgres_only: None, settings: Any
+) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    seen: list[Any] = []
+
+    def read_lease(pk: int) -> Any:
+        try:
+            return Job.objects.filter(pk=pk).values_list("lease_expires_at", flat=True).get()
+        finally:
+            connection.close()
+
+    def beating(ctx: Any) -> None:
+        pk = ctx.job.pk
+        before = succeeded(run_together(lambda: read_lease(pk)))[0]
+        assert ctx.heartbeat() is True
+        after = succeeded(run_together(lambda: read_lease(pk)))[0]  # another connection sees it
+        seen.extend([before, after])
+        ctx.update(phone="+6")
+
+    with temp_handler("t.beating", beating):
+        job = tombstones.enqueue("t.beating", CustomerFactory())
+        ran = _pump()
+    assert [o.status for o in ran] == [Status.SUCCEEDED]
+    assert seen[1] > seen[0]
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+# --- concurrency: real connections ------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_claims__two_workers_take_disjoint_sets(postgres_only: None, settings: Any) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    with temp_handler("t.touch", _touch):
+        customers = [CustomerFactory() for _ in range(6)]
+        for _round in range(50):
+            Job.objects.all().delete()
+            for customer in customers:  # two jobs per lane
+                tombstones.enqueue("t.touch", customer)
+                tombstones.enqueue("t.touch", customer)
+            claims = succeeded(run_together(*[lambda: ledger.claim(4, workers=2)] * 2))
+            taken = [[j.pk for j in c.jobs] if c else [] for c in claims]
+            assert not set(taken[0]) & set(taken[1])
+            running = list(Job.objects.filter(status=Status.RUNNING).values_list("lane", flat=True))
+            assert len(running) == len(set(running))  # never two running in one lane
+            assert len(running) == len(taken[0]) + len(taken[1])
+
+
+def _versions() -> dict[int, int]:
+    return dict(Customer.all_objects.values_list("pk", "version"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pumps__two_workers_at_once_run_each_job_once(settings: Any) -> None:
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    with temp_handler("t.touch", _touch):
+        customers = [CustomerFactory() for _ in range(4)]
+        for _round in range(30):
+            Job.objects.all().delete()
+            before = _versions()
+            jobs = [tombstones.enqueue("t.touch", c) for c in customers for _ in range(3)]
+            results = succeeded(run_together(_pump, _pump))
+            ran = [o.job_id for outcomes in results for o in outcomes]
+            assert len(ran) == len(set(ran)), "a job ran in both workers"
+            _pump()  # whatever was left to the other
+            assert set(_statuses(jobs)) == {Status.SUCCEEDED}
+            assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+            after = _versions()
+            assert all(after[c.pk] == before[c.pk] + 3 for c in customers), (before, after)
+
+
+# --- the fence holds the source row: write-only handlers (PostgreSQL) -------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_fence__a_delete_waits_for_a_job_that_only_writes_another_table(
+    postgres_only: None, settings: Any
+) -> None:
+    """A handler that writes only through ctx.write holds its record: a delete from another
+    connection waits for the job's commit, so no write commits after the record died."""
+    from project.customers.models import SheetRow
+    from tests.factories import SheetRowFactory
+
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    row = SheetRowFactory()
+    customer = row.customer
+    wrote, go = threading.Event(), threading.Event()
+    delete_pid: list[int] = []
+
+    def write_only(ctx: Any) -> None:
+        ctx.write(SheetRow.objects.filter(customer_id=ctx.record.pk), synced_version=99)
+        wrote.set()
+        assert go.wait(30)
+
+    def delete() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                delete_pid.append(cursor.fetchone()[0])
+            Customer.objects.get(pk=customer.pk).delete()
+        finally:
+            connection.close()
+
+    with temp_handler("t.write_only", write_only):
+        job = tombstones.enqueue("t.write_only", customer)
+        pump = threading.Thread(target=lambda: (_pump(), connection.close()))
+        pump.start()
+        assert wrote.wait(30)
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        _wait_until_blocked(delete_pid)  # the delete waits for the job's row lock
+        assert deleter.is_alive()
+        go.set()
+        pump.join(30)
+        deleter.join(30)
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED
+    assert Customer.all_objects.get(pk=customer.pk).deleted_at is not None
+    assert SheetRow.objects.get(pk=row.pk).synced_version == 99
+
+
+def _wait_until_blocked(pids: list[int]) -> None:
+    """Until the other connection waits on a row lock (pg_stat_activity), bounded."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if pids:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pids[0]]
+                )
+                row = cursor.fetchone()
+            if row and row[0] == "Lock":
+                return
+        time.sleep(0.01)
+    raise AssertionError("the delete never waited for the job's lock")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change", ["delete", "recreate"])
+def test_fence__a_record_changed_before_the_act_rejects_a_write_only_job(
+    settings: Any, change: str
+) -> None:
+    from project.customers.models import SheetRow
+    from tests.factories import SheetRowFactory
+
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    row = SheetRowFactory()
+    customer = row.customer
+
+    def write_only(ctx: Any) -> None:
+        ctx.write(SheetRow.objects.filter(customer_id=ctx.record.pk), synced_version=99)
+
+    with temp_handler("t.write_only", write_only):
+        job = tombstones.enqueue("t.write_only", customer)
+        Customer.objects.get(pk=customer.pk).delete()
+        if change == "recreate":
+            Customer.all_objects.recreate(reference=customer.reference, name="Again")
+        with transaction.atomic():
+            pass
+        _pump()
+    job.refresh_from_db()
+    expected = Reason.SOURCE_DELETED if change == "delete" else Reason.GENERATION_CHANGED
+    assert (job.status, job.reason) == (Status.REJECTED, expected)
+    assert SheetRow.objects.get(pk=row.pk).synced_version != 99

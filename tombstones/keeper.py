@@ -1,0 +1,125 @@
+"""The lease keeper: a claim's lease covers its jobs for as long as this worker holds them.
+
+A worker may hold a claim for longer than one lease (a batch of slow handlers, one long
+handler). A daemon thread of the worker process renews the leases of every claim it holds, on its
+own database connection, every third of a lease, so the renewals commit at once whatever
+transaction the handlers are in. A worker that dies stops renewing, and its leases run out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
+
+from .conf import tombstone_settings
+
+if TYPE_CHECKING:
+    from .ledger import Claim
+
+logger = logging.getLogger("tombstones")
+
+
+class LeaseKeeper:
+    """The claims one process holds, renewed by one daemon thread."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}  # token -> database alias
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def hold(self, claim: Claim) -> Iterator[None]:
+        with self._changed:
+            self._held[claim.token] = claim.using
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._renew_forever, name="tombstones-leases", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held.pop(claim.token, None)
+
+    def holding(self) -> int:
+        with self._changed:
+            return len(self._held)
+
+    def _renew_forever(self) -> None:
+        while True:
+            period = tombstone_settings.LEASE.total_seconds() / 3
+            with self._changed:
+                self._changed.wait(period)
+                held = dict(self._held)
+            if held:
+                self.renew(held)
+
+    @staticmethod
+    def renew(held: dict[str, str]) -> None:
+        from .ledger import renew
+
+        by_db: dict[str, list[str]] = {}
+        for token, db in held.items():
+            by_db.setdefault(db, []).append(token)
+        try:
+            for db, tokens in by_db.items():
+                renew(tokens, using=db)
+        except DatabaseError as exc:
+            # On SQLite the handlers' transaction may hold the write lock past the busy timeout;
+            # nobody else can take the lease back meanwhile either. Next period tries again.
+            logger.warning("lease renewal failed (%s); retrying", type(exc).__name__)
+        finally:
+            connections.close_all()  # this thread's own connections
+
+
+_keepers: dict[int, LeaseKeeper] = {}
+
+
+def keeper() -> LeaseKeeper:
+    # Keyed by pid: a forked worker does not inherit its parent's thread.
+    pid = os.getpid()
+    found = _keepers.get(pid)
+    if found is None:
+        found = _keepers[pid] = LeaseKeeper()
+    return found
+
+
+def heartbeat(claim: Claim) -> bool:
+    """Renew now, from a handler; False if another worker took the job over.
+
+    Inside the act transaction the renewal must not wait for that transaction's commit: on
+    PostgreSQL it runs on a connection of its own; on SQLite the transaction holds the database's
+    write lock, so nobody can take the lease meanwhile and a read says whether it is still ours.
+    """
+    from .ledger import renew
+
+    conn = connections[claim.using]
+    if not conn.in_atomic_block:
+        return renew([claim.token], using=claim.using) > 0
+    if conn.vendor == "sqlite":
+        from .models import Job
+
+        return (
+            Job.objects.using(claim.using)
+            .filter(claim_token=claim.token, status=Job.Status.RUNNING)
+            .exists()
+        )
+    result: list[int] = []
+
+    def side() -> None:
+        try:
+            result.append(renew([claim.token], using=claim.using))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=side, name="tombstones-heartbeat", daemon=True)
+    thread.start()
+    thread.join(30)
+    return bool(result and result[0])
