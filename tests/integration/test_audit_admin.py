@@ -355,9 +355,9 @@ def test_timeline__of_a_tombstone_marks_the_deletion(
     assert 'id="record-state">tombstone<' in page
     assert ">deleted</text>" in page
     _assert_no_pii(page, "tombstone timeline")
-    # An unknown record or a content type that does not exist: no crash.
+    # A malformed pk or a content type that does not exist: a 404, no crash.
     unknown = reverse("admin:tombstones_job_timeline", args=(ct.pk, "not-a-pk"))
-    assert staff_client.get(unknown).status_code == 200
+    assert staff_client.get(unknown).status_code == 404
     no_type = reverse("admin:tombstones_job_timeline", args=(999999, "1"))
     assert staff_client.get(no_type).status_code == 404
 
