@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Exists, F, Q
 from django.db.models.functions import Now
 
@@ -163,6 +163,49 @@ def insert(instance: TombstoneModel, *, using: str | None = None) -> None:
     instance.version = 1
     instance.deleted_at = None
     models.Model.save(instance, force_insert=True, using=db)
+
+
+def check_new_records(
+    model: type[models.Model], records: list[Any], *, using: str | None = None
+) -> None:
+    """bulk_create()'s rule: only new records, and no business key a tombstone holds.
+
+    Refuses (rather than resets) a generation, version or deleted_at that is not the fresh value:
+    such an object was copied from another row, and storing it would forge an identity.
+    """
+    label = model._meta.label
+    for record in records:
+        if (record.generation, record.version, record.deleted_at) != (1, 1, None):
+            raise ProtectedField(
+                "bulk_create() stores new records only (generation 1, version 1, not deleted); "
+                "use all_objects.recreate() to revive a business key.",
+                model=label,
+                pk=record.pk,
+            )
+    key = get_options(model).business_key
+    if key is None or not records:
+        return
+    attname = _field(model, key).attname
+    values = list(dict.fromkeys(v for r in records if (v := getattr(r, attname)) is not None))
+    db = _write_db(model, using)
+    # One query for all keys (split only where the backend limits parameters, e.g. SQLite).
+    size = max(connections[db].ops.bulk_batch_size([attname], values), 1)
+    for start in range(0, len(values), size):
+        held = (
+            _plain(model, db)
+            .filter(**{f"{attname}__in": values[start : start + size]}, deleted_at__isnull=False)
+            .values_list("pk", "generation", "version")
+            .first()
+        )
+        if held is not None:
+            raise RecordDeleted(
+                "A tombstone holds one of these business keys; use all_objects.recreate() to "
+                f"revive it as a new generation ({label} pk={held[0]}).",
+                model=label,
+                pk=held[0],
+                found_generation=held[1],
+                found_version=held[2],
+            )
 
 
 def save(
