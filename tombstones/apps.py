@@ -13,12 +13,19 @@ class TombstonesConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django_q.signals import post_execute_in_worker, post_spawn
 
-        from . import checks
+        from . import checks, erasure, signals
         from .alarms import on_worker_start
         from .sweep import install_schedule
         from .worker import mark_q_task
 
         checks.register()
+        # Job params are erased with their record (the records layer sends, the job layer acts).
+        signals.record_tombstoned.connect(
+            erasure.erase_on_tombstone, dispatch_uid="tombstones.erase_params"
+        )
+        signals.records_purged.connect(
+            erasure.erase_on_purge, dispatch_uid="tombstones.erase_params_on_purge"
+        )
         post_execute_in_worker.connect(mark_q_task, dispatch_uid="tombstones.mark_q_task")
         post_spawn.connect(on_worker_start, dispatch_uid="tombstones.worker_start")
         post_migrate.connect(install_schedule, sender=self, dispatch_uid="tombstones.schedule")

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import get_fields_from_path, quote, unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
@@ -57,7 +57,40 @@ def search_ids(queryset: QuerySet[Any], term: str, job_field: str) -> QuerySet[A
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """View-only through the permission hooks: nobody adds, changes or deletes audit rows."""
+    """View-only through the permission hooks: nobody adds, changes or deletes audit rows.
+
+    Changelist lookups are closed as well: Django accepts any lookup on a local field, so
+    ``?params__email__startswith=o`` would answer "1 job" or "0 jobs" about a hidden column.
+    Only the parameters of the declared ``list_filter`` and ``date_hierarchy``, plus
+    ``extra_lookups``, are accepted, for every user; anything else is Django's
+    DisallowedModelAdminLookup (a 400). Search goes through ``get_search_results`` (ids only).
+    """
+
+    extra_lookups: tuple[str, ...] = ()
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.declared_lookups(request)
+
+    def declared_lookups(self, request: HttpRequest | None) -> frozenset[str]:
+        """The query-string parameters the declared filters and the date hierarchy read."""
+        names = set(self.extra_lookups)
+        if self.date_hierarchy:
+            names.update(f"{self.date_hierarchy}__{part}" for part in ("year", "month", "day"))
+        for item in self.get_list_filter(request):  # type: ignore[arg-type]
+            names.update(self._filter_parameters(request, item))
+        return frozenset(names)
+
+    def _filter_parameters(self, request: HttpRequest | None, item: Any) -> list[str]:
+        # Built as ChangeList.get_filters builds them, from an empty query string.
+        if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+            return [str(item.parameter_name)]
+        if isinstance(item, tuple | list):
+            field_path, filter_class = item
+        else:
+            field_path, filter_class = item, admin.FieldListFilter.create
+        field = get_fields_from_path(self.model, field_path)[-1]
+        spec = filter_class(field, request, {}, self.model, self, field_path=field_path)
+        return [str(name) for name in spec.expected_parameters()]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -123,6 +156,8 @@ class JobAdmin(AuditColumns):
     list_filter = ("status", "reason", "handler", "created_at")
     search_fields = ("=object_id",)  # shows the search box; see get_search_results
     search_help_text = "Job id (42 or #42) or record pk (7 or customers.customer:7)."
+    # The record timeline links to the record's jobs with these two (ids only).
+    extra_lookups = ("content_type", "object_id")
     list_select_related = ("content_type",)
     date_hierarchy = "created_at"
     list_per_page = 50
@@ -268,21 +303,30 @@ class JobAdmin(AuditColumns):
     def timeline_view(
         self, request: HttpRequest, content_type_id: int, object_id: str
     ) -> HttpResponse:
+        """A TombstoneModel record's timeline; 404 for anything else.
+
+        Staff who may view the record's model see any of its records; auditors (view-only on the
+        audit) only records that have jobs.
+        """
         if not self.has_view_permission(request):
             raise PermissionDenied
         try:
             content_type = ContentType.objects.get_for_id(content_type_id)
         except ContentType.DoesNotExist:
             raise Http404("No such content type.") from None
+        model = timeline.record_model(content_type)
+        if model is None or not timeline.is_pk(model, object_id):
+            raise Http404("No timeline for this reference.")
+        model_admin = self.admin_site._registry.get(model)
+        sees_records = model_admin is not None and model_admin.has_view_or_change_permission(
+            request
+        )
         data = timeline.build(content_type, object_id)
+        # Without jobs the page would only tell whether a record exists, and its business key.
+        if not data.jobs and not (sees_records and data.identity.exists):
+            raise Http404("No timeline for this reference.")
         record_url = None
-        model = content_type.model_class()
-        model_admin = self.admin_site._registry.get(model) if model is not None else None
-        if (
-            model_admin is not None
-            and data.identity.exists
-            and model_admin.has_view_or_change_permission(request)
-        ):
+        if model_admin is not None and data.identity.exists and sees_records:
             record_url = reverse(
                 f"admin:{content_type.app_label}_{content_type.model}_change",
                 args=(quote(object_id),),

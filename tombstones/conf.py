@@ -82,6 +82,8 @@ _SETTINGS: dict[str, _Setting] = {
     "WAKE_BUDGET": _Setting(500, "int", 1),
     # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
     "Q_OPTIONS": _Setting({}, "dict"),
+    # Largest accepted job params, in bytes of their compact UTF-8 JSON: ids and options fit.
+    "PARAMS_MAX_BYTES": _Setting(65536, "int", 2),
     # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
     "RACE_FIXTURE": _Setting({}, "dict"),
 }
@@ -148,6 +150,10 @@ class TombstoneSettings:
     @property
     def Q_OPTIONS(self) -> dict[str, Any]:
         return dict(self._get("Q_OPTIONS"))
+
+    @property
+    def PARAMS_MAX_BYTES(self) -> int:
+        return int(self._get("PARAMS_MAX_BYTES"))
 
     @property
     def RACE_FIXTURE(self) -> dict[str, Any]:

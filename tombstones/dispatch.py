@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -12,9 +11,8 @@ from django.db.models import Value
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
-from .exceptions import InvalidParams, MissingFence, RecordDeleted
 from .models import Job
-from .registry import get_handler
+from .validation import check_enqueue
 from .wakeups import wake, wake_soon
 
 __all__ = ["default_lane", "enqueue", "wake", "wake_soon"]
@@ -23,18 +21,6 @@ __all__ = ["default_lane", "enqueue", "wake", "wake_soon"]
 def default_lane(record: models.Model) -> str:
     """The default ordering key: ``app_label.model:pk``."""
     return f"{record._meta.label_lower}:{record.pk}"
-
-
-def _check_params(params: Any) -> dict[str, Any]:
-    if params is None:
-        return {}
-    if not isinstance(params, dict):
-        raise InvalidParams("Job params must be a dict (a JSON object).")
-    try:
-        json.dumps(params, allow_nan=False)
-    except (TypeError, ValueError):
-        raise InvalidParams() from None
-    return params
 
 
 def enqueue(
@@ -48,21 +34,13 @@ def enqueue(
 ) -> Job:
     """Queue a fenced job for ``record`` and wake a worker once the caller's transaction commits.
 
-    Refuses a record without a generation or version (MissingFence), a tombstone (RecordDeleted),
-    an unregistered handler (UnknownHandler) and params that are not JSON (InvalidParams).
+    Every check runs before any SQL (:mod:`tombstones.validation`), so a refusal leaves the
+    caller's transaction usable: UnknownHandler, NotATombstoneModel, MissingFence, RecordDeleted,
+    InvalidOrderingKey, InvalidRunAfter, InvalidParams.
     """
-    found = get_handler(handler)
-    label = getattr(getattr(record, "_meta", None), "label", type(record).__name__)
-    generation = getattr(record, "generation", None)
-    version = getattr(record, "version", None)
-    pk = getattr(record, "pk", None)
-    if pk is None or not isinstance(generation, int) or not isinstance(version, int):
-        raise MissingFence(model=label, pk=pk)
-    if getattr(record, "deleted_at", None) is not None and not found.accepts_tombstones:
-        raise RecordDeleted(model=label, pk=pk, expected_generation=generation)
-    clean = _check_params(params)
-    if ordering_key is not None and (not isinstance(ordering_key, str) or not ordering_key):
-        raise ValueError("ordering_key must be a non-empty string.")
+    found, pk, generation, version, clean = check_enqueue(
+        handler, record, params=params, ordering_key=ordering_key, run_after=run_after
+    )
     db = using or router.db_for_write(Job)
     content_type = ContentType.objects.db_manager(db).get_for_model(record)
     fields: dict[str, Any] = {

@@ -70,6 +70,10 @@ class MissingFence(TombstoneError):
     """The record has no generation or version, so a job for it cannot be fenced."""
 
 
+class NotATombstoneModel(MissingFence, TypeError):
+    """Jobs are fenced only on instances of a TombstoneModel subclass."""
+
+
 class ProtectedField(TombstoneError):
     """generation, version and deleted_at are moved only by delete(), save() and recreate()."""
 
@@ -84,6 +88,23 @@ class UnknownHandler(TombstoneError):
 
 class InvalidParams(TombstoneError):
     """Job params must be a JSON object of plain values (str, int, float, bool, None, lists)."""
+
+    def __init__(self, message: str | None = None, *, field: str | None = None, **ids: Any) -> None:
+        # The personal field whose value the params held: its name, never the value.
+        self.field = field
+        super().__init__(message, **ids)
+
+
+class InvalidOrderingKey(TombstoneError, ValueError):
+    """An ordering key must be a non-empty str of at most 255 characters, no control characters."""
+
+
+class InvalidRunAfter(TombstoneError, ValueError):
+    """run_after must be None or an aware datetime no later than now + TOMBSTONES_JOB_MAX_AGE."""
+
+
+class UnfencedWrite(TombstoneError):
+    """This write would bypass the fence: use save() or the queryset's update() instead."""
 
 
 class TransientError(TombstoneError):

@@ -7,10 +7,11 @@ typed error from :mod:`tombstones.exceptions` built from ids and numbers only.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Exists, F, Q
 from django.db.models.functions import Now
 
@@ -25,11 +26,15 @@ from .exceptions import (
     TombstoneError,
 )
 from .options import PROTECTED_FIELDS, erased_value, get_options
+from .signals import record_tombstoned, records_purged
 
 if TYPE_CHECKING:
     from .records import TombstoneModel
 
 _UpdateValues = list[tuple[Any, Any, Any]]  # (field, model, value) as QuerySet._update takes
+
+# Pks per statement when rows are written by pk: far below every backend's parameter limit.
+PK_CHUNK = 500
 
 
 class State(enum.StrEnum):
@@ -160,6 +165,49 @@ def insert(instance: TombstoneModel, *, using: str | None = None) -> None:
     models.Model.save(instance, force_insert=True, using=db)
 
 
+def check_new_records(
+    model: type[models.Model], records: list[Any], *, using: str | None = None
+) -> None:
+    """bulk_create()'s rule: only new records, and no business key a tombstone holds.
+
+    Refuses (rather than resets) a generation, version or deleted_at that is not the fresh value:
+    such an object was copied from another row, and storing it would forge an identity.
+    """
+    label = model._meta.label
+    for record in records:
+        if (record.generation, record.version, record.deleted_at) != (1, 1, None):
+            raise ProtectedField(
+                "bulk_create() stores new records only (generation 1, version 1, not deleted); "
+                "use all_objects.recreate() to revive a business key.",
+                model=label,
+                pk=record.pk,
+            )
+    key = get_options(model).business_key
+    if key is None or not records:
+        return
+    attname = _field(model, key).attname
+    values = list(dict.fromkeys(v for r in records if (v := getattr(r, attname)) is not None))
+    db = _write_db(model, using)
+    # One query for all keys (split only where the backend limits parameters, e.g. SQLite).
+    size = max(connections[db].ops.bulk_batch_size([attname], values), 1)
+    for start in range(0, len(values), size):
+        held = (
+            _plain(model, db)
+            .filter(**{f"{attname}__in": values[start : start + size]}, deleted_at__isnull=False)
+            .values_list("pk", "generation", "version")
+            .first()
+        )
+        if held is not None:
+            raise RecordDeleted(
+                "A tombstone holds one of these business keys; use all_objects.recreate() to "
+                f"revive it as a new generation ({label} pk={held[0]}).",
+                model=label,
+                pk=held[0],
+                found_generation=held[1],
+                found_version=held[2],
+            )
+
+
 def save(
     instance: TombstoneModel,
     *,
@@ -243,15 +291,49 @@ def update_live(queryset: models.QuerySet[Any], kwargs: dict[str, Any]) -> int:
     return models.QuerySet.update(live, version=F("version") + 1, **kwargs)
 
 
-def tombstone(queryset: models.QuerySet[Any]) -> int:
-    """Make tombstones of the live rows of ``queryset`` in one UPDATE; returns the count."""
-    model = queryset.model
-    values: _UpdateValues = [
+def _tombstone_values(model: type[models.Model]) -> _UpdateValues:
+    return [
         (_field(model, "deleted_at"), None, Now()),
         (_field(model, "version"), None, F("version") + 1),
         *_erasures(model),
     ]
-    return _raw_update(queryset.filter(deleted_at__isnull=True), values)
+
+
+def _chunks(pks: list[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(pks), PK_CHUNK):
+        yield pks[start : start + PK_CHUNK]
+
+
+def _locked_pks(model: type[models.Model], queryset: models.QuerySet[Any]) -> list[Any]:
+    # A plain queryset over the matched pks: FOR UPDATE then locks the model's rows only, even
+    # when the caller's queryset joins other tables.
+    locked = _plain(model, queryset.db).filter(pk__in=queryset.values("pk")).select_for_update()
+    return list(locked.order_by("pk").values_list("pk", flat=True))
+
+
+def tombstone(queryset: models.QuerySet[Any]) -> int:
+    """Make tombstones of the live rows of ``queryset``; returns the count.
+
+    One UPDATE. When ``record_tombstoned`` has receivers (the app is installed), the rows are
+    locked and their pks read first, so the signal names exactly the records this call
+    tombstoned; it is sent in the same transaction.
+    """
+    model = queryset.model
+    live = queryset.filter(deleted_at__isnull=True)
+    values = _tombstone_values(model)
+    if not record_tombstoned.has_listeners(model):
+        return _raw_update(live, values)
+    db = live.db
+    with transaction.atomic(using=db):
+        pks = _locked_pks(model, live)
+        count = 0
+        for chunk in _chunks(pks):
+            count += _raw_update(
+                _plain(model, db).filter(pk__in=chunk, deleted_at__isnull=True), values
+            )
+        if pks:
+            record_tombstoned.send(sender=model, pks=pks, using=db)
+    return count
 
 
 def tombstone_instance(instance: TombstoneModel, *, using: str | None = None) -> int:
@@ -262,11 +344,13 @@ def tombstone_instance(instance: TombstoneModel, *, using: str | None = None) ->
     _require_fence(instance)
     db = _write_db(model, using, instance)
     qs = _plain(model, db).filter(pk=instance.pk, generation=instance.generation)
-    # One transaction: the read-back must see this UPDATE's row, not a concurrent recreate().
+    # One transaction: the read-back must see this UPDATE's row, not a concurrent recreate(), and
+    # the signal's receivers write with the deletion or not at all.
     with transaction.atomic(using=db):
-        count = tombstone(qs)
+        count = _raw_update(qs.filter(deleted_at__isnull=True), _tombstone_values(model))
         if count:
             fresh = qs.values_list("version", "deleted_at").get()
+            record_tombstoned.send(sender=model, pks=[instance.pk], using=db)
     if count:
         instance.version, instance.deleted_at = fresh
         for field, _, value in _erasures(model):
@@ -334,25 +418,40 @@ def purge(queryset: models.QuerySet[Any]) -> int:
     """Hard-delete tombstones (never live rows). Retention is the caller's (the command's) job.
 
     Refuses (ProtectedError) when Django's delete would cascade to any other row: a purge must
-    never hard-delete a live child through on_delete=CASCADE.
+    never hard-delete a live child through on_delete=CASCADE. ``records_purged`` names the
+    removed pks, in the same transaction.
     """
-    from django.db.models.deletion import Collector
-
     model = queryset.model
     dead = models.QuerySet.filter(queryset, deleted_at__isnull=False)
-    with transaction.atomic(using=dead.db):
-        collector = Collector(using=dead.db, origin=dead)
-        collector.collect(dead)
-        others = [m for m, objs in collector.data.items() if m is not model and objs]
-        cascades = [qs for qs in collector.fast_deletes if qs.model is not model and qs.exists()]
-        if others or cascades:
-            raise models.ProtectedError(
-                f"Purging {model._meta.label} tombstones would cascade to other rows; "
-                "tombstone or detach those first.",
-                set(),
-            )
-        deleted, _ = models.QuerySet.delete(dead)
+    db = dead.db
+    with transaction.atomic(using=db):
+        if not records_purged.has_listeners(model):
+            return _delete_tombstones(model, dead)
+        pks = _locked_pks(model, dead)
+        deleted = 0
+        for chunk in _chunks(pks):
+            part = _plain(model, db).filter(pk__in=chunk, deleted_at__isnull=False)
+            deleted += _delete_tombstones(model, part)
+        if pks:
+            records_purged.send(sender=model, pks=pks, using=db)
     return deleted
+
+
+def _delete_tombstones(model: type[models.Model], dead: models.QuerySet[Any]) -> int:
+    from django.db.models.deletion import Collector
+
+    collector = Collector(using=dead.db, origin=dead)
+    collector.collect(dead)
+    others = [m for m, objs in collector.data.items() if m is not model and objs]
+    cascades = [qs for qs in collector.fast_deletes if qs.model is not model and qs.exists()]
+    if others or cascades:
+        raise models.ProtectedError(
+            f"Purging {model._meta.label} tombstones would cascade to other rows; "
+            "tombstone or detach those first.",
+            set(),
+        )
+    deleted, _ = models.QuerySet.delete(dead)
+    return int(deleted)
 
 
 # --- job writes -----------------------------------------------------------------------------

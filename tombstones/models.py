@@ -190,6 +190,7 @@ class JobEvent(models.Model):
         CANCELLED = "cancelled"
         RESOLVED = "resolved"  # staff resolved an uncertain job
         SKIPPED = "skipped"  # staff skipped a blocked lane head
+        PARAMS_ERASED = "params_erased"  # its record became a tombstone or was purged
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     content_type = models.ForeignKey(ContentType, on_delete=models.PROTECT, related_name="+")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import models
 
 from . import fencing
+from .exceptions import UnfencedWrite
 from .options import PROTECTED_FIELDS
 
 if TYPE_CHECKING:
@@ -33,6 +35,44 @@ class TombstoneQuerySet(models.QuerySet[_M]):
         return fencing.update_live(self, kwargs)
 
     update.alters_data = True  # type: ignore[attr-defined]
+
+    def bulk_create(
+        self,
+        objs: Iterable[_M],
+        batch_size: int | None = None,
+        ignore_conflicts: bool = False,
+        update_conflicts: bool = False,
+        update_fields: Collection[str] | None = None,
+        unique_fields: Collection[str] | None = None,
+    ) -> list[_M]:
+        """INSERT new records only: generation 1, version 1, live, and no key a tombstone holds."""
+        if update_conflicts:
+            raise UnfencedWrite(
+                "bulk_create(update_conflicts=True) would overwrite existing rows, tombstones "
+                "included, without a fence: use save(), update() or recreate().",
+                model=self.model._meta.label,
+            )
+        records = list(objs)
+        # _db, not db: an unpinned queryset must check the write database, not a replica.
+        fencing.check_new_records(self.model, records, using=getattr(self, "_db", None))
+        return super().bulk_create(
+            records, batch_size=batch_size, ignore_conflicts=ignore_conflicts
+        )
+
+    bulk_create.alters_data = True  # type: ignore[attr-defined]
+
+    def bulk_update(
+        self, objs: Iterable[_M], fields: Iterable[str], batch_size: int | None = None
+    ) -> int:
+        """Refused: it overwrites rows without checking their generation, version or tombstone."""
+        raise UnfencedWrite(
+            "bulk_update() writes without a version check and would overwrite newer data or a "
+            "tombstone: call save() on each instance (a fenced UPDATE), or use the queryset's "
+            "update() (live rows only, version + 1).",
+            model=self.model._meta.label,
+        )
+
+    bulk_update.alters_data = True  # type: ignore[attr-defined]
 
     # The fence fields are always loaded: deferred, they would be read fresh at save() or
     # delete() time and a stale instance would pass its own fence.

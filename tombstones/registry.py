@@ -40,6 +40,9 @@ def handler(
     ``external=True`` marks a handler that calls another system: its call is bracketed as
     sending/sent and an uncertain outcome is never repeated automatically.
 
+    Registering the same function again with the same options is a no-op; another function under
+    the same name, or the same function with other options, raises ImproperlyConfigured.
+
     ``accepts_tombstones=True`` marks a handler that propagates deletions: it also runs when the
     record is a tombstone *of the job's generation* (``ctx.record.is_tombstone``), and may be
     enqueued for a tombstone. A re-created record (another generation) still rejects it.
@@ -48,20 +51,25 @@ def handler(
         raise ImproperlyConfigured("A job handler needs a non-empty string name.")
 
     def register(func: HandlerFunc) -> HandlerFunc:
-        existing = _registry.get(name)
-        ident = (getattr(func, "__module__", None), getattr(func, "__qualname__", None))
-        if (
-            existing is not None
-            and (
-                getattr(existing.func, "__module__", None),
-                getattr(existing.func, "__qualname__", None),
-            )
-            != ident
-        ):
-            raise ImproperlyConfigured(f"Two job handlers are registered as {name!r}.")
-        _registry[name] = Handler(
+        wanted = Handler(
             name=name, func=func, external=external, accepts_tombstones=accepts_tombstones
         )
+        existing = _registry.get(name)
+        if existing is None:
+            _registry[name] = wanted
+        elif existing.func is not func:
+            # Identity, not the qualified name: two closures, two partials or a module imported
+            # under two names would otherwise silently replace each other.
+            raise ImproperlyConfigured(
+                f"Two different functions are registered as the job handler {name!r}."
+            )
+        elif existing != wanted:
+            # Flipping external or accepts_tombstones changes how queued jobs are run.
+            raise ImproperlyConfigured(
+                f"The job handler {name!r} is registered again with different options "
+                f"(external={external}, accepts_tombstones={accepts_tombstones}; first "
+                f"external={existing.external}, accepts_tombstones={existing.accepts_tombstones})."
+            )
         return func
 
     return register

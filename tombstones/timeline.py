@@ -17,10 +17,12 @@ from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.utils import timezone
 
 from .models import Job, JobEvent
 from .options import get_options
+from .records import TombstoneModel
 
 Status = Job.Status
 Event = JobEvent.Event
@@ -105,6 +107,24 @@ class Timeline:
     generations: list[Generation]
     truncated: bool
     svg: dict[str, Any]
+
+
+def record_model(content_type: ContentType) -> type[TombstoneModel] | None:
+    """The content type's model if it has the mixin (only those records have a timeline)."""
+    model = content_type.model_class()
+    if model is None or not issubclass(model, TombstoneModel):
+        return None
+    return model
+
+
+def is_pk(model: type[models.Model], object_id: str) -> bool:
+    """True when ``object_id`` is a primary key of ``model`` written as jobs store it."""
+    try:
+        value = model._meta.pk.to_python(object_id)
+    except ValidationError:
+        return False
+    # "007" or " 7" would name record 7, whose jobs are stored under "7".
+    return value is not None and str(value) == object_id
 
 
 def current_identity(content_type: ContentType, object_id: str) -> Identity:

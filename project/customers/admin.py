@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from tombstones.admin import TombstoneAdmin
 
+from .handlers import queue_erasure
 from .models import CrmContact, Customer, SheetRow
 
 
@@ -17,6 +19,17 @@ class CustomerAdmin(TombstoneAdmin):
     # Personal columns on the live list only: TombstoneAdmin lists tombstones by identity.
     list_display = ("reference", "name", "email", "generation", "version")
     search_fields = ("reference",)
+
+    # A delete also queues the erasure of what handlers derived from the customer, in the same
+    # transaction: a delete that rolls back queues nothing.
+    def delete_model(self, request: HttpRequest, obj: Customer) -> None:
+        super().delete_model(request, obj)
+        queue_erasure([obj])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Customer]) -> None:
+        pks = list(queryset.values_list("pk", flat=True))
+        super().delete_queryset(request, queryset)
+        queue_erasure(Customer.tombstones.filter(pk__in=pks))
 
 
 @admin.register(SheetRow)

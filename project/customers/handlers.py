@@ -1,25 +1,42 @@
-"""The demo's job handlers (imported automatically: modules named ``handlers``)."""
+"""The demo's job handlers (imported automatically: modules named ``handlers``).
+
+Whatever a handler derives from a customer's personal fields (the sheet row's name hash, the
+welcome email) is personal data too: ``erase_customer``, queued in the customer's lane when it is
+deleted, removes it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage, get_connection
+from django.core.mail.backends.filebased import EmailBackend as FileEmailBackend
 from django.utils import timezone
 
 import tombstones
 from tombstones.context import HandlerContext
+from tombstones.models import Job
 
-from .models import SheetRow
+from .models import Customer, SheetRow
+
+# Marks the demo's emails with the customer's business key (identity, not personal data), so the
+# erasure can find them once the address itself is erased.
+CUSTOMER_HEADER = "X-Demo-Customer"
 
 
 @tombstones.handler("customers.update_sheet_row")
 def update_sheet_row(ctx: HandlerContext) -> None:
-    """Internal: mirror the customer into its sheet rows, then stamp the customer."""
+    """Internal: mirror the customer into its sheet rows, then stamp the customer.
+
+    The name hash is derived personal data: erase_customer clears it when the customer is deleted.
+    """
     customer = ctx.record
     digest = hashlib.sha256(customer.name.encode()).hexdigest()[:16]
     ctx.write(
@@ -32,14 +49,48 @@ def update_sheet_row(ctx: HandlerContext) -> None:
 
 @tombstones.handler("customers.send_welcome", external=True)
 def send_welcome(ctx: HandlerContext) -> None:
-    """External: an email through Django's email backend."""
-    send_mail(
+    """External: an email through Django's email backend (erase_customer removes its copy)."""
+    EmailMessage(
         "Welcome",
         f"Hello, your customer reference is {ctx.record.reference}.",
         None,
         [ctx.record.email],
-        fail_silently=False,
-    )
+        headers={CUSTOMER_HEADER: ctx.record.reference},
+    ).send(fail_silently=False)
+
+
+@tombstones.handler("customers.erase_customer", accepts_tombstones=True)
+def erase_customer(ctx: HandlerContext) -> None:
+    """Internal, queued on delete: remove what the demo derived from the customer.
+
+    It runs on the tombstone, after the jobs queued before the delete (same lane), so a sheet row
+    one of them wrote is cleared too. A re-created customer is another generation: this job is
+    then rejected, and the new customer's data stays.
+    """
+    ctx.write(SheetRow.objects.filter(customer_id=ctx.record.pk), name_hash="", synced_version=None)
+    erase_welcome_mail(ctx.record.reference)
+
+
+def queue_erasure(customers: Iterable[Customer]) -> list[Job]:
+    """Queue erase_customer for each customer just deleted, in the caller's transaction."""
+    return [tombstones.enqueue("customers.erase_customer", customer) for customer in customers]
+
+
+def erase_welcome_mail(reference: str) -> int:
+    """Delete the demo's emails to this customer from the file email backend's folder.
+
+    Idempotent, so a retried or repeated erasure is harmless. Other backends keep no copy here.
+    """
+    connection = get_connection()
+    if not isinstance(connection, FileEmailBackend):
+        return 0
+    marker = re.compile(rf"^{re.escape(CUSTOMER_HEADER)}: {re.escape(reference)}\r?$", re.M)
+    removed = 0
+    for path in Path(connection.file_path).glob("*.log"):
+        if marker.search(path.read_text(encoding="utf-8", errors="replace")):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 @tombstones.handler("customers.sync_crm", external=True)

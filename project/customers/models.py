@@ -31,12 +31,12 @@ class SheetRow(TombstoneModel):
 
     reference = models.CharField(max_length=40, unique=True)  # business key
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="sheet_rows")
-    name_hash = models.CharField(max_length=64, blank=True)
+    name_hash = models.CharField(max_length=64, blank=True)  # derived from the name: personal
     synced_version = models.PositiveIntegerField(null=True, blank=True)
 
     class TombstoneMeta:
         business_key = "reference"
-        personal_fields = ()
+        personal_fields = ("name_hash",)
 
     class Meta:
         ordering = ("reference",)

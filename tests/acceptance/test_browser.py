@@ -328,15 +328,13 @@ def test_browser__auditor_reads_the_rejection_log_and_never_sees_personal_data(
     # One deleted customer with a rejected job, one live customer with personal data and jobs
     # whose params carry it (params are never shown).
     gone = CustomerFactory(name=PLANTED_NAME + " Gone", email="gone-" + PLANTED_EMAIL)
-    rejected = enqueue("customers.update_sheet_row", gone, params={"to": "gone-" + PLANTED_EMAIL})
+    rejected = enqueue("customers.update_sheet_row", gone, params={"note": "param-secret-4412"})
     gone.delete()
     run_worker(rejected.pk)
     rejected.refresh_from_db()
     assert rejected.status == Job.Status.REJECTED
     live = CustomerFactory(name=PLANTED_NAME, email=PLANTED_EMAIL)
-    queued = enqueue(
-        "customers.update_sheet_row", live, params={"name": PLANTED_NAME, "to": PLANTED_EMAIL}
-    )
+    queued = enqueue("customers.update_sheet_row", live, params={"note": "param-secret-4412"})
     event = JobEvent.objects.get(job=rejected, event="rejected")
 
     _login(page, live_server, auditor)

@@ -22,15 +22,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 BACKOFF = 1.0  # seconds: the cluster's TOMBSTONES_RETRY_BACKOFF (cluster_settings)
 
 
-@pytest.mark.parametrize("coalesce", [False, True], ids=["message-per-job", "coalesced"])
 def test_retry_alarm__a_retry_runs_once_its_backoff_ends_without_the_sweep(
-    settings: Any, coalesce: bool
+    settings: Any,
 ) -> None:
     settings.TOMBSTONES_Q_OPTIONS = {}
-    settings.TOMBSTONES_COALESCE_WAKES = coalesce
     Schedule.objects.all().delete()  # no sweep
-    env = {"TOMBSTONES_COALESCE_WAKES": "1" if coalesce else "0"}
-    env["TOMBSTONES_RETRY_BACKOFF_SECONDS"] = str(BACKOFF)
+    env = {"TOMBSTONES_RETRY_BACKOFF_SECONDS": str(BACKOFF)}
     cluster = Cluster(2, settings_module="tests.acceptance.cluster_settings", env=env)
     with cluster, cluster.messages():
         flaky = [

@@ -1,15 +1,20 @@
-"""The demo's handlers against real endpoints: the fake CRM served by a live server, email."""
+"""The demo's handlers against real endpoints: the fake CRM served by a live server, email,
+and the erasure a delete queues."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 import tombstones
-from project.customers.models import CrmContact
-from tests.factories import CustomerFactory
+from project.customers.models import CrmContact, Customer, SheetRow
+from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import make_due, run
 from tombstones.models import Job
 
@@ -64,3 +69,105 @@ def test_send_welcome__rejected_for_a_deleted_customer_sends_nothing(
     job = run(job)
     assert (job.status, job.reason) == (Job.Status.REJECTED, Job.Reason.SOURCE_DELETED)
     assert mailoutbox == []
+
+
+# --- erasure on delete -----------------------------------------------------------------------
+
+NAME = "Wxyvut Erasename"
+EMAIL = "erase-3391@pii.test"
+
+
+@pytest.fixture
+def mail_dir(settings: Any, tmp_path: Path) -> Path:
+    """The demo's file email backend, in a folder of this test's own."""
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-root"))
+    return client
+
+
+def _welcomed(reference: str, **fields: Any) -> SheetRow:
+    """A customer whose sheet row was synced and who was sent the welcome email."""
+    row = SheetRowFactory(customer__reference=reference, **fields)
+    assert run(tombstones.enqueue("customers.update_sheet_row", row.customer)).status == "succeeded"
+    customer = Customer.objects.get(pk=row.customer_id)
+    assert run(tombstones.enqueue("customers.send_welcome", customer)).status == "succeeded"
+    row.refresh_from_db()
+    assert row.name_hash
+    return row
+
+
+def _mails(folder: Path) -> str:
+    return "\n".join(path.read_text() for path in folder.glob("*.log"))
+
+
+def test_admin_delete__queues_the_erasure_that_clears_sheet_row_and_email(
+    mail_dir: Path, staff: Client
+) -> None:
+    row = _welcomed("C-ERASE", customer__name=NAME, customer__email=EMAIL)
+    other = _welcomed("C-KEEP")
+    assert EMAIL in _mails(mail_dir)
+    url = reverse("admin:customers_customer_delete", args=(row.customer_id,))
+
+    response = staff.post(url, {"post": "yes"})
+
+    assert response.status_code == 302
+    erase = Job.objects.get(handler="customers.erase_customer")
+    assert (erase.object_id, erase.status) == (str(row.customer_id), Job.Status.SUCCEEDED)
+    assert erase.lane == f"customers.customer:{row.customer_id}"  # the customer's own lane
+    row.refresh_from_db()
+    assert (row.name_hash, row.synced_version) == ("", None)
+    mails = _mails(mail_dir)
+    assert EMAIL not in mails
+    assert "C-ERASE" not in mails
+    assert other.customer.email in mails  # another customer's email stays
+    other.refresh_from_db()
+    assert other.name_hash
+    tomb = Customer.all_objects.get(pk=row.customer_id)
+    assert (tomb.name, tomb.email, tomb.is_tombstone) == ("", "", True)
+
+
+def test_admin_bulk_delete__queues_one_erasure_per_customer(mail_dir: Path, staff: Client) -> None:
+    rows = [_welcomed(f"C-BULK-{n}") for n in range(2)]
+    response = staff.post(
+        reverse("admin:customers_customer_changelist"),
+        {
+            "action": "delete_selected",
+            "_selected_action": [row.customer_id for row in rows],
+            "post": "yes",
+        },
+    )
+    assert response.status_code == 302
+    erasures = Job.objects.filter(handler="customers.erase_customer")
+    assert sorted(erasures.values_list("object_id", flat=True)) == sorted(
+        str(row.customer_id) for row in rows
+    )
+    assert set(erasures.values_list("status", flat=True)) == {Job.Status.SUCCEEDED}
+    assert set(SheetRow.objects.values_list("name_hash", flat=True)) == {""}
+    assert list(mail_dir.glob("*.log")) == []
+
+
+def test_erasure__of_a_recreated_customer_is_rejected_and_writes_nothing(
+    settings: Any, mail_dir: Path
+) -> None:
+    row = _welcomed("C-AGAIN")
+    settings.TOMBSTONES_Q_OPTIONS = {}  # queued only: run by hand below
+    customer = Customer.objects.get(pk=row.customer_id)
+    customer.delete()
+    erase = tombstones.enqueue("customers.erase_customer", customer)
+    Customer.all_objects.recreate(reference="C-AGAIN", name="New Name", email="new@x.test")
+
+    erase = run(erase)
+
+    # Generation 2 is another customer: the erasure of generation 1 must not touch its data.
+    assert (erase.status, erase.reason) == (Job.Status.REJECTED, Job.Reason.GENERATION_CHANGED)
+    before = row.name_hash
+    row.refresh_from_db()
+    assert row.name_hash == before
+    assert len(list(mail_dir.glob("*.log"))) == 1

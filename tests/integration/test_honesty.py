@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from datetime import timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 from django_q.models import OrmQ, Task
 from django_q.signing import SignedPackage
@@ -20,7 +25,7 @@ import tombstones
 from project.customers.models import Customer
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import run, temp_handler
-from tombstones.exceptions import TombstoneError
+from tombstones.exceptions import InvalidParams, TombstoneError
 from tombstones.models import Job, JobEvent
 
 Status = Job.Status
@@ -185,3 +190,82 @@ def test_no_personal_data__in_logs_jobs_events_q2_rows_or_errors(
     for place, text in haystacks.items():
         for value in PLANTED:
             assert value not in text, f"{value!r} leaked into {place}"
+
+
+# --- every table after a delete ------------------------------------------------------------------
+
+# Not personal, so enqueue accepts it; the job's params must still go with the record.
+SECRET = "opaque-token-6604"
+DIGEST = hashlib.sha256(NAME.encode()).hexdigest()[:16]  # what the demo derives from the name
+
+
+def _decoded(value: Any) -> Any:
+    return (
+        bytes(value).decode("utf-8", "replace") if isinstance(value, bytes | memoryview) else value
+    )
+
+
+def _dump_database() -> dict[str, str]:
+    """Every row of every table as text, plus the columns django-q2 and sessions encode."""
+    dump: dict[str, str] = {}
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names(cursor):
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
+            dump[table] = "\n".join(repr([_decoded(v) for v in row]) for row in cursor.fetchall())
+    # Signed (the ORM broker's messages), pickled (django-q2's task rows), signed (sessions).
+    dump["django_q_ormq decoded"] = "\n".join(
+        repr(SignedPackage.loads(row.payload)) for row in OrmQ.objects.all()
+    )
+    dump["django_q_task decoded"] = "\n".join(repr(row) for row in Task.objects.values())
+    dump["django_session decoded"] = "\n".join(
+        repr(session.get_decoded()) for session in Session.objects.all()
+    )
+    return {table: text.casefold() for table, text in dump.items()}
+
+
+def _found(dump: dict[str, str], values: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(v, table) for v in values for table, text in dump.items() if v.casefold() in text]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_personal_data__in_any_table_after_a_delete(settings: Any, tmp_path: Any) -> None:
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path)
+    customer = CustomerFactory(reference="PII-DUMP", name=NAME, email=EMAIL, phone=PHONE)
+    row = SheetRowFactory(customer=customer)
+    # Personal values never reach params, whatever their shape.
+    for params in ({"to": EMAIL}, {"note": f"call {PHONE.lower()}"}, {"who": [NAME.upper()]}):
+        with pytest.raises(InvalidParams):
+            tombstones.enqueue("customers.update_sheet_row", customer, params=params)
+    # A finished job, a welcome email, and a job still queued in the ORM broker.
+    with transaction.atomic():
+        tombstones.enqueue("customers.update_sheet_row", customer, params={"token": SECRET})
+    customer = Customer.objects.get(pk=customer.pk)
+    with transaction.atomic():
+        tombstones.enqueue("customers.send_welcome", customer, params={"token": SECRET})
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    with transaction.atomic():
+        queued = tombstones.enqueue(
+            "customers.update_sheet_row", Customer.objects.get(pk=customer.pk), params={"t": SECRET}
+        )
+    settings.TOMBSTONES_Q_OPTIONS = {"sync": True}
+    row.refresh_from_db()
+    assert row.name_hash == DIGEST
+    planted = (NAME, EMAIL, PHONE, "Qwertzuiop", DIGEST, SECRET)
+    # The search sees each planted value before the delete: it can fail.
+    assert {value for value, _ in _found(_dump_database(), planted)} == set(planted)
+    assert OrmQ.objects.exists()
+
+    # The delete, as staff do it: the demo's admin also queues the erasure of derived data.
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("root", password="pw-root"))
+    url = reverse("admin:customers_customer_delete", args=(customer.pk,))
+    assert staff.post(url, {"post": "yes"}).status_code == 302
+    run(queued)  # the lane head: rejected, then the erasure behind it runs
+    erase = Job.objects.get(handler="customers.erase_customer")
+    assert run(erase).status == Status.SUCCEEDED
+    assert run(queued).status == Status.REJECTED
+
+    leaks = _found(_dump_database(), planted)
+    assert leaks == [], f"planted values left behind: {leaks}"
+    assert EMAIL not in "".join(p.read_text() for p in tmp_path.glob("*"))

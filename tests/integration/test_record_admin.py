@@ -20,6 +20,7 @@ from project.customers.models import CrmContact, Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
 from tombstones import record_admin
 from tombstones.models import Job
+from tombstones.options import TombstoneOptions
 
 pytestmark = pytest.mark.django_db
 
@@ -219,13 +220,24 @@ def test_delete__csrf_is_enforced(admin_user: Any) -> None:
     assert row(customer.pk).deleted_at is None
 
 
-def test_sheet_row_delete__says_nothing_is_erased(admin_client: Client) -> None:
+def test_sheet_row_delete__names_its_derived_personal_field(admin_client: Client) -> None:
+    sheet_row = SheetRowFactory()
+
+    response = admin_client.get(reverse("admin:customers_sheetrow_delete", args=[sheet_row.pk]))
+
+    assert "Name hash" in text(response)  # a hash of a name is personal data too
+    assert "No queued job references this record." in text(response)
+
+
+def test_delete__of_a_model_without_personal_fields_says_nothing_is_erased(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SheetRow, "_tombstone_options", TombstoneOptions("reference", ()))
     sheet_row = SheetRowFactory()
 
     response = admin_client.get(reverse("admin:customers_sheetrow_delete", args=[sheet_row.pk]))
 
     assert "declares no personal fields" in text(response)
-    assert "No queued job references this record." in text(response)
 
 
 # --- changelist and tombstone pages ------------------------------------------------------------

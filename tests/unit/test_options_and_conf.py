@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from project.customers.models import Customer, SheetRow
+from project.customers.models import Customer
+from project.stress.models import StressEntity
 from tombstones import exceptions
 from tombstones.conf import tombstone_settings
 from tombstones.options import PROTECTED_FIELDS, erased_value, get_options, is_erasable
@@ -50,7 +51,7 @@ def test_get_options__no_tombstone_meta_means_no_key_and_no_personal_fields() ->
 
 
 def test_get_options__empty_personal_fields_stay_empty() -> None:
-    assert get_options(SheetRow).personal_fields == ()
+    assert get_options(StressEntity).personal_fields == ()
 
 
 def test_protected_fields__are_the_mixin_fields() -> None:
