@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -12,11 +13,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.core.management import CommandError, call_command
+from django.core.management import BaseCommand, CommandError, call_command
 from django.db import transaction
 from django_q.models import Task
 
 import tombstones
+from project.stress.management.commands import racestress
 from tests.factories import CustomerFactory
 from tombstones.models import Job
 from tombstones.testing import FixtureError, load_cases
@@ -162,3 +164,49 @@ def test_doctor__no_orphans_no_note(settings: Any) -> None:
     _succeeded_job()
 
     assert "orphaned" not in _doctor()
+
+
+# --- racestress: arguments and progress --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timeout", "-1"], "argument --timeout: must be > 0, not -1"),
+        (["--timeout", "0"], "argument --timeout: must be > 0, not 0"),
+        (["--timeout", "nan"], "argument --timeout: must be > 0, not nan"),
+        (["--in-flight", "-3"], "argument --in-flight: must be >= 0, not -3"),
+        (["--workers", "2", "0"], "argument --workers: must be >= 1 and <= 64, not 0"),
+        (["--workers", "1000"], "argument --workers: must be >= 1 and <= 64, not 1000"),
+        (["--entities", "0"], "argument --entities: must be >= 1, not 0"),
+        (["--messages", "ten"], "argument --messages: 'ten' is not a whole number"),
+        (["--delay-ms", "-5"], "argument --delay-ms: must be >= 0, not -5"),
+        (["--recreate-gap-ms", "inf"], "argument --recreate-gap-ms: must be >= 0, not inf"),
+        (["--slow-delete-ms", "x"], "argument --slow-delete-ms: 'x' is not a number"),
+        (["--seed", "1.5"], "argument --seed: invalid int value"),
+    ],
+)
+def test_racestress__bad_numbers_are_refused_before_anything_runs(
+    args: list[str], message: str
+) -> None:
+    # No database access at all: argparse refuses the value first.
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("racestress", *args, stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.parametrize(("verbosity", "lines"), [(0, 0), (1, 2)])
+def test_racestress__progress_lines_off_a_terminal_by_verbosity(
+    monkeypatch: pytest.MonkeyPatch, verbosity: int, lines: int
+) -> None:
+    monkeypatch.setattr(racestress, "PROGRESS_EVERY", 0.0)
+    err = StringIO()
+    command = BaseCommand(stderr=err)
+    progress = racestress.Progress(command, "ordered x2", 10, verbosity, terminal=False)
+
+    progress.update(3)
+    progress.update(10)
+    progress.close()
+
+    assert len(err.getvalue().splitlines()) == lines
+    if lines:
+        assert err.getvalue().startswith("ordered x2: 3/10 jobs ended after ")
