@@ -22,6 +22,7 @@ from django.core.management import CommandError, call_command
 from project.stress.cluster import database_url
 from project.stress.models import StressEntity
 from tests.acceptance.helpers_cluster import wait_for
+from tests.acceptance.processes import children, session
 from tombstones.models import Job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
@@ -63,31 +64,6 @@ def test_racestress__unordered_run_reproduces_the_seed_race(tmp_path: Path) -> N
 # --- signals and time-outs -------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, session id) of a process, from /proc; None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return fields[0], int(fields[1]), int(fields[3])
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _children(parent: int) -> list[int]:
-    return [pid for pid in _pids() if (st := _stat(pid)) is not None and st[1] == parent]
-
-
-def _session(sid: int) -> list[int]:
-    """Live processes of a session; zombies run nothing, and PID 1 may not reap them here."""
-    return [
-        pid for pid in _pids() if (st := _stat(pid)) is not None and st[2] == sid and st[0] != "Z"
-    ]
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=str)
 def test_racestress__a_signal_stops_its_cluster_and_exits_cleanly(signum: signal.Signals) -> None:
     env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
@@ -103,19 +79,19 @@ def test_racestress__a_signal_stops_its_cluster_and_exits_cleanly(signum: signal
     sid = 0
     try:
         # The cluster is racestress's child, the leader of a session of its own.
-        sid = wait_for(lambda: _children(proc.pid), timeout=60)[0]
+        sid = wait_for(lambda: children(proc.pid), timeout=60)[0]
         entities = ContentType.objects.get_for_model(StressEntity)
         # Running: its sentinel, workers, monitor and pusher are up, and jobs are flowing.
         wait_for(
             lambda: (
-                len(_session(sid)) >= 4
+                len(session(sid)) >= 4
                 and Job.objects.filter(content_type=entities, status=Job.Status.SUCCEEDED).exists()
             ),
             timeout=90,
         )
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
-        left = _session(sid)
+        left = session(sid)
     finally:
         if proc.poll() is None:
             proc.kill()
