@@ -1,6 +1,8 @@
 # django-tombstone-guard: developer entry points.
 #
 #   make demo                 SQLite demo: admin + django-q2 cluster on http://127.0.0.1:8000/
+#                             (its own .venv-demo: the app, django-q2 and the [demo] extra only)
+#   make demo-reset           delete the demo database and .mail/, migrate and seed again
 #   make test                 the test suite on SQLite
 #   make test DATABASE_URL=postgres://postgres@127.0.0.1:5432/test   ... on PostgreSQL
 #   make lint                 ruff check, ruff format --check, mypy
@@ -15,6 +17,9 @@ EXTRAS ?= dev
 DJANGO_SPEC ?=
 PYTEST_ARGS ?=
 
+# The demo's environment: what the demo needs, none of the dev tools (Playwright, mypy, ...).
+DEMO_VENV ?= .venv-demo
+
 BIN := $(VENV)/bin
 VPY := $(BIN)/python
 STAMP := $(VENV)/.installed
@@ -24,10 +29,10 @@ INSTALL_SPEC := extras=$(EXTRAS) django=$(DJANGO_SPEC)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo seed test lint format wheel clean FORCE
+.PHONY: help venv demo demo-venv demo-reset seed test lint format wheel clean FORCE
 
 help:
-	@echo "make venv | demo | test | lint | wheel | clean"
+	@echo "make venv | demo | demo-reset | test | lint | wheel | clean"
 	@echo "  variables: VENV=$(VENV) PYTHON=$(PYTHON) DJANGO_SPEC='$(DJANGO_SPEC)' PYTEST_ARGS='$(PYTEST_ARGS)'"
 
 # --- environment -----------------------------------------------------------------------------
@@ -51,12 +56,19 @@ venv: $(STAMP)
 
 # --- demo ------------------------------------------------------------------------------------
 
-demo: $(STAMP)
-	VENV=$(VENV) bash scripts/demo.sh
+# A second make run, so the venv rules above build $(DEMO_VENV) with EXTRAS=demo.
+demo-venv:
+	@$(MAKE) --no-print-directory venv VENV=$(DEMO_VENV) EXTRAS=demo DJANGO_SPEC= PYTHON=$(PYTHON)
 
-seed: $(STAMP)
-	$(VPY) manage.py migrate --noinput
-	$(VPY) manage.py seed_demo
+demo: demo-venv
+	VENV=$(DEMO_VENV) bash scripts/demo.sh
+
+demo-reset: demo-venv
+	VENV=$(DEMO_VENV) bash scripts/demo.sh --reset
+
+seed: demo-venv
+	$(DEMO_VENV)/bin/python manage.py migrate --noinput
+	$(DEMO_VENV)/bin/python manage.py seed_demo
 
 # --- checks ----------------------------------------------------------------------------------
 

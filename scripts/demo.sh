@@ -2,15 +2,20 @@
 # The demo: migrate the SQLite database, seed it, run the django-q2 cluster and the dev server.
 # Ctrl-C (or SIGTERM) stops both, including qcluster's worker processes.
 #
-# Environment: VENV (default .venv), DEMO_ADDR (default 127.0.0.1:8000),
+#   scripts/demo.sh           run the demo (make demo)
+#   scripts/demo.sh --reset   delete the demo database and .mail/, migrate and seed again, exit
+#                             (make demo-reset; the demo must not be running)
+#
+# Environment: VENV (default .venv-demo), DEMO_ADDR (default 127.0.0.1:8000),
 # DEMO_ADMIN_PASSWORD / DEMO_AUDITOR_PASSWORD (generated and kept in .demo-credentials if unset).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
+VENV=${VENV:-.venv-demo}
 PY="$VENV/bin/python"
 ADDR=${DEMO_ADDR:-127.0.0.1:8000}
 URL="http://$ADDR/admin/"
+DEMO_DB="$(pwd)/db.sqlite3"
 
 if [ ! -x "$PY" ]; then
     echo "error: $PY not found: run 'make demo' (it creates the venv)" >&2
@@ -24,8 +29,31 @@ with socket.socket() as s:
     sys.exit(0 if s.connect_ex((host, int(port))) == 0 else 1)
 EOF
 then
-    echo "error: something already listens on $ADDR (set DEMO_ADDR=host:port)" >&2
+    if [ "${1:-}" = "--reset" ]; then
+        echo "error: something listens on $ADDR: stop the demo (Ctrl-C) before resetting it" >&2
+    else
+        echo "error: something already listens on $ADDR (set DEMO_ADDR=host:port)" >&2
+    fi
     exit 1
+fi
+
+if [ "${1:-}" = "--reset" ]; then
+    # Only the demo's own SQLite file: never a database that DATABASE_URL (or .env) points to.
+    db=$("$PY" -c 'import os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+django.setup()
+from django.conf import settings
+print(settings.DATABASES["default"]["NAME"])')
+    if [ "$db" != "$DEMO_DB" ]; then
+        echo "error: the default database is $db, not the demo's $DEMO_DB: not resetting it" >&2
+        exit 1
+    fi
+    rm -f "$DEMO_DB" "$DEMO_DB-wal" "$DEMO_DB-shm" "$DEMO_DB-journal"
+    rm -rf .mail
+    "$PY" manage.py migrate --noinput -v 0
+    "$PY" manage.py seed_demo
+    echo "demo reset: a new db.sqlite3 with the seed data, and no .mail/. Run 'make demo'."
+    exit 0
 fi
 
 "$PY" manage.py migrate --noinput

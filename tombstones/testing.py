@@ -191,12 +191,27 @@ class Report:
 def load_cases(path: str | Path) -> list[Case]:
     """Cases from a JSON file: a list of {"name", "events", "expected"[, "writes"]}."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise FixtureError(f"Cannot read cases from {path}: {type(exc).__name__}") from None
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FixtureError(f"Cannot read cases from {path}: {exc.strerror or exc}.") from None
+    except UnicodeDecodeError as exc:
+        raise FixtureError(f"{path}: not UTF-8 text (byte {exc.start}).") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # The position, so the author can find the mistake; never the file's content.
+        raise FixtureError(
+            f"{path}, line {exc.lineno}, column {exc.colno}: invalid JSON ({exc.msg})."
+        ) from None
     if not isinstance(data, list):
-        raise FixtureError("A cases file holds a JSON list of cases.")
-    return [Case.parse(item) for item in data]
+        raise FixtureError(f"{path}: a cases file holds a JSON list of cases.")
+    cases = []
+    for number, item in enumerate(data, start=1):
+        try:
+            cases.append(Case.parse(item))
+        except FixtureError as exc:
+            raise FixtureError(f"{path}, case {number}: {exc}") from None
+    return cases
 
 
 def sample_values(model: type[models.Model]) -> dict[str, Any]:

@@ -8,11 +8,13 @@ keeps); ``ordering=False`` gives every job its own lane, the seed's bug.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import signal
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +32,48 @@ from .models import AppliedWrite, Delivery, DownstreamRecord, StressEntity
 MAX_WAIT = 2.0
 # The feeder gives up when no job finished for this long (seconds).
 STALL = 60.0
+# Signals that stop a run; the cluster is stopped before the command exits.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Stalled(RuntimeError):
+    """No job finished for STALL seconds: the workers are gone or stuck."""
+
+
+class Stopped(BaseException):
+    """A signal asked the run to stop.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (a
+    broker call, a handler) swallows it and leaves the run going.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Turn SIGTERM, SIGINT and SIGHUP into :class:`Stopped` for the duration of the block.
+
+    Without this, SIGTERM (e.g. from ``timeout``) ends the process without unwinding, and its
+    cluster, in a session of its own, keeps running against the database.
+    """
+
+    def stop(signum: int, frame: Any) -> None:
+        # The first signal stops the run; later ones are ignored so the cleanup can finish
+        # (Cluster.stop is bounded: SIGTERM, then SIGKILL of its process group).
+        for other in signals:
+            signal.signal(other, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
 
 ANOMALY_KINDS = (
     "disappeared_after_recreate",  # live at the source (re-created), missing downstream
@@ -216,7 +260,7 @@ class Feeder:
             if busy != last_busy:
                 stalled_since, last_busy = time.monotonic(), busy
             elif time.monotonic() - stalled_since > STALL:
-                raise RuntimeError(f"No job finished for {STALL}s: are the workers running?")
+                raise Stalled(f"No job finished for {STALL:.0f}s: are the workers running?")
             if busy > low:
                 time.sleep(0.01)
                 continue

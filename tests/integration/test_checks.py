@@ -1,8 +1,10 @@
-"""System checks: TombstoneMeta (E001-E005), settings (E010, E011) and SQLite mode (W001)."""
+"""System checks: TombstoneMeta (E001-E005), settings (E010, E011), SQLite mode (W001) and
+django-q2's broker (E020-E022, W020)."""
 
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -17,7 +19,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.test.utils import isolate_apps, override_settings
 
-from tombstones.checks import check_settings, check_sqlite, check_tombstone_meta
+from tombstones.checks import (
+    check_django_q,
+    check_settings,
+    check_sqlite,
+    check_tombstone_meta,
+)
 from tombstones.conf import tombstone_settings
 from tombstones.models import TombstoneModel
 
@@ -319,3 +326,125 @@ def test_check_sqlite__postgres_is_ignored() -> None:
     databases["pg"] = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
 
     assert [m for m in run_sqlite_check(databases) if "'pg'" in m.msg] == []
+
+
+# --- django-q2 broker ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def without_redis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``import redis`` fail as it does where the package is not installed."""
+    monkeypatch.setitem(sys.modules, "redis", None)  # None in sys.modules: ImportError
+    monkeypatch.delitem(sys.modules, "django_q.brokers.redis_broker", raising=False)
+
+
+def test_check_django_q__project_settings_are_clean() -> None:
+    assert check_django_q() == []
+
+
+def test_check_django_q__no_q_cluster_without_redis_is_e020(
+    settings: Any, without_redis: None
+) -> None:
+    del settings.Q_CLUSTER
+
+    messages = check_django_q()
+
+    assert ids(messages) == ["tombstones.E020"]
+    assert isinstance(messages[0], checks.Error)
+    assert "Q_CLUSTER is not set" in messages[0].msg
+    assert "'redis'" in messages[0].msg
+    assert '"orm": "default"' in (messages[0].hint or "")
+
+
+def test_check_django_q__no_q_cluster_with_redis_is_w020(settings: Any) -> None:
+    del settings.Q_CLUSTER
+
+    messages = check_django_q()
+
+    assert ids(messages) == ["tombstones.W020"]
+    assert isinstance(messages[0], checks.Warning)
+    assert "localhost" in messages[0].msg
+
+
+def test_check_django_q__redis_broker_without_redis_is_e020(
+    settings: Any, without_redis: None
+) -> None:
+    settings.Q_CLUSTER = {"name": "site", "redis": "redis://127.0.0.1:6379/0"}
+
+    messages = check_django_q()
+
+    assert ids(messages) == ["tombstones.E020"]
+    assert "Redis broker" in messages[0].msg
+    assert "'redis' cannot be imported" in messages[0].msg
+    assert 'pip install "django-tombstone-guard[redis]"' in (messages[0].hint or "")
+
+
+def test_check_django_q__redis_broker_with_redis_is_clean(settings: Any) -> None:
+    settings.Q_CLUSTER = {"name": "site", "redis": "redis://127.0.0.1:6379/0"}
+
+    assert check_django_q() == []
+
+
+def test_check_django_q__orm_alias_not_in_databases_is_e021(settings: Any) -> None:
+    settings.Q_CLUSTER = {"name": "site", "orm": "queue"}
+
+    messages = check_django_q()
+
+    assert ids(messages) == ["tombstones.E021"]
+    assert "'queue'" in messages[0].msg
+    assert "'default'" in (messages[0].hint or "")
+
+
+def test_check_django_q__orm_broker_wins_over_a_missing_redis(
+    settings: Any, without_redis: None
+) -> None:
+    # django-q2 picks the ORM broker before Redis: a leftover "redis" key is not used.
+    settings.Q_CLUSTER = {"name": "site", "orm": "default", "redis": {"host": "x"}}
+
+    assert check_django_q() == []
+
+
+@pytest.mark.parametrize("value", ["orm", ["orm", "default"]])
+def test_check_django_q__q_cluster_not_a_dict_is_e022(settings: Any, value: Any) -> None:
+    settings.Q_CLUSTER = value
+
+    assert ids(check_django_q()) == ["tombstones.E022"]
+
+
+@pytest.mark.parametrize(
+    ("conf", "missing", "install"),
+    [
+        ({"sqs": {"aws_region": "eu-west-1"}}, "'boto3'", "pip install boto3"),
+        ({"mongo": {"host": "127.0.0.1"}}, "'bson'", "pip install pymongo"),
+        ({"redis": {}, "django_redis": "default"}, "'django_redis'", "pip install django-redis"),
+        ({"broker_class": "no_such_package.Broker"}, "'no_such_package'", "Install what"),
+        (
+            {"broker_class": "django_q.brokers.orm.NoSuchBroker"},
+            "'django_q.brokers.orm.NoSuchBroker'",
+            "Install what",
+        ),
+    ],
+)
+def test_check_django_q__broker_that_cannot_be_imported_is_e020(
+    settings: Any, conf: dict[str, Any], missing: str, install: str
+) -> None:
+    settings.Q_CLUSTER = {"name": "site", **conf}
+
+    messages = check_django_q()
+
+    assert ids(messages) == ["tombstones.E020"]
+    assert f"{missing} cannot be imported" in messages[0].msg
+    assert (messages[0].hint or "").startswith(install)
+
+
+def test_check_django_q__custom_broker_class_that_imports_is_clean(settings: Any) -> None:
+    settings.Q_CLUSTER = {"name": "site", "broker_class": "django_q.brokers.orm.ORM"}
+
+    assert check_django_q() == []
+
+
+@pytest.mark.django_db  # Django 6.1's own checks may touch the database
+def test_check_django_q__registered_with_django(settings: Any) -> None:
+    settings.Q_CLUSTER = {"name": "site", "orm": "queue"}
+
+    assert "tombstones.E021" in ids(checks.run_checks())

@@ -7,12 +7,13 @@ from typing import Any
 from django.apps import apps
 from django.contrib.contenttypes.models import ContentType
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, models, transaction
+from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Cast, Now
 
 from tombstones import fencing
 from tombstones.conf import tombstone_settings
+from tombstones.management.databases import add_database_argument, database_alias
 from tombstones.models import Job
 from tombstones.records import TombstoneModel
 
@@ -27,10 +28,10 @@ class Command(BaseCommand):
         parser.add_argument("--model", action="append", help="Only this app_label.Model.")
         parser.add_argument("--dry-run", action="store_true", help="Report, remove nothing.")
         parser.add_argument("--noinput", "--no-input", action="store_false", dest="interactive")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        db = options["database"]
+        db = database_alias(options)
         targets = self._models(options["model"])
         plans = [self._plan(model, db) for model in targets]
         total = sum(len(p["purgeable"]) for p in plans)

@@ -6,10 +6,10 @@ from typing import Any
 
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS
 
 from tombstones.conf import tombstone_settings
 from tombstones.exceptions import UnknownHandler
+from tombstones.management.databases import add_database_argument, database_alias
 from tombstones.registry import get_handler
 from tombstones.testing import SEED_CASES, WORKED_EXAMPLE, FixtureError, RaceFixture, load_cases
 
@@ -30,9 +30,10 @@ class Command(BaseCommand):
             "--handler", default=defaults.get("handler"), help="Registered handler name."
         )
         parser.add_argument("--cases", help="A JSON file of extra cases.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        using = database_alias(options)
         if not options["model"] or not options["handler"]:
             raise CommandError("Give --model app_label.Model and --handler name.")
         try:
@@ -45,7 +46,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         try:
             extra = load_cases(options["cases"]) if options["cases"] else []
-            fixture = RaceFixture(model, options["handler"], using=options["database"])
+            fixture = RaceFixture(model, options["handler"], using=using)
         except FixtureError as exc:
             raise CommandError(str(exc)) from None
         seed = fixture.run(SEED_CASES)

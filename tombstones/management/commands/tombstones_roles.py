@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 
+from tombstones.management.databases import add_database_argument, database_alias
 from tombstones.roles import AUDITOR_PERMISSIONS, AUDITORS, apply_auditors
 
 
@@ -17,14 +18,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help='Database to use. Defaults to "default".',
-        )
+        add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = options["database"]
+        using = database_alias(options)
         with transaction.atomic(using=using):
             group, removed = apply_auditors(using=using)
         if options["verbosity"] >= 1:

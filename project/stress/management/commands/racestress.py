@@ -5,15 +5,20 @@ feeds it bursty changes for ``--entities`` entities, waits for every job to end,
 downstream store with the source of truth. ``--no-ordering`` gives every job its own lane (the
 seed's bug) and must show anomalies; the default (one lane per entity) must show none.
 
-It wipes the ``stress`` app's tables and their jobs before each run.
+It wipes the ``stress`` app's tables and their jobs before each run. SIGTERM, SIGINT (Ctrl-C) and
+SIGHUP stop the run and its cluster; the exit status is then 128 + the signal's number. A run
+that times out exits with status 1 after its table. See docs/operations.md for the figures.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -26,6 +31,76 @@ from project.stress.cluster import Cluster, broker_name
 from tombstones.conf import tombstone_settings
 from tombstones.models import Job
 
+# Off a terminal (a log, CI), a progress line this often (seconds) instead of a bar.
+PROGRESS_EVERY = 10.0
+# More worker processes than this is a typo, not a stress test, on any machine this runs on.
+MAX_WORKERS = 64
+
+
+def _bounded(
+    kind: type[int] | type[float],
+    minimum: float,
+    *,
+    strict: bool = False,
+    maximum: float = math.inf,
+) -> Callable[[str], Any]:
+    """An argparse ``type``: a finite number >= minimum (> minimum if strict), <= maximum."""
+    noun = "a whole number" if kind is int else "a number"
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+    if maximum != math.inf:
+        bound += f" and <= {maximum:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        too_low = value <= minimum if strict else value < minimum
+        if not math.isfinite(value) or too_low or value > maximum:
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {text}")
+        return value
+
+    return parse
+
+
+class Progress:
+    """Jobs ended so far (verbosity >= 1): a bar on a terminal, a line now and then elsewhere."""
+
+    def __init__(
+        self,
+        command: BaseCommand,
+        label: str,
+        total: int,
+        verbosity: int,
+        *,
+        terminal: bool | None = None,
+    ) -> None:
+        self.command, self.label, self.total = command, label, total
+        self.enabled = verbosity >= 1
+        self.started = self.last_line = time.monotonic()
+        self.bar = None
+        if terminal is None:
+            terminal = sys.stderr.isatty()
+        if self.enabled and terminal:
+            self.bar = tqdm(
+                total=total, desc=label, unit="job", file=sys.stderr, leave=verbosity >= 2
+            )
+
+    def update(self, finished: int) -> None:
+        if self.bar is not None:
+            self.bar.n = finished
+            self.bar.refresh()
+        elif self.enabled and time.monotonic() - self.last_line >= PROGRESS_EVERY:
+            self.last_line = time.monotonic()
+            self.command.stderr.write(
+                f"{self.label}: {finished}/{self.total} jobs ended "
+                f"after {self.last_line - self.started:.0f}s"
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
 
 class Command(BaseCommand):
     help = "Race real django-q2 workers on delete / re-create bursts and count anomalies."
@@ -33,13 +108,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--workers",
-            type=int,
+            type=_bounded(int, 1, maximum=MAX_WORKERS),
             nargs="+",
             default=[2],
             help="Worker processes of the cluster (several values: one run each). 1: sequential.",
         )
-        parser.add_argument("--entities", type=int, default=200)
-        parser.add_argument("--messages", type=int, default=1000, help="Changes (jobs) in all.")
+        parser.add_argument("--entities", type=_bounded(int, 1), default=200)
+        parser.add_argument(
+            "--messages", type=_bounded(int, 1), default=1000, help="Changes (jobs) in all."
+        )
         parser.add_argument(
             "--no-ordering",
             action="store_true",
@@ -52,37 +129,40 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--delay-ms",
-            type=float,
+            type=_bounded(float, 0),
             default=harness.Plan.delay_ms,
             help="Each delivery waits a random 0..N ms before its downstream write (race window).",
         )
         parser.add_argument(
             "--recreate-gap-ms",
-            type=float,
+            type=_bounded(float, 0),
             default=harness.Plan.recreate_gap_ms,
             help="A re-create follows its delete within 0..N ms.",
         )
         parser.add_argument(
             "--slow-delete-ms",
-            type=float,
+            type=_bounded(float, 0),
             default=harness.Plan.slow_delete_ms,
             help="The delete of a delete+recreate burst is delivered in N/4..N ms.",
         )
         parser.add_argument(
             "--in-flight",
-            type=int,
+            type=_bounded(int, 0),
             default=0,
             help="Unfinished jobs the feeder allows; it tops them up in bursts (0: workers + 2).",
         )
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
-            "--timeout", type=float, default=600.0, help="Seconds to wait for the jobs to end."
+            "--timeout",
+            type=_bounded(float, 0, strict=True),
+            default=600.0,
+            help="Seconds to wait for the jobs to end.",
         )
         parser.add_argument("--json", dest="json_path", help="Write the results as JSON here.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         workers: list[int] = options["workers"]
-        if any(n < 1 for n in workers):
+        if any(n < 1 for n in workers):  # call_command(workers=[...]) skips argparse
             raise CommandError("--workers must be at least 1.")
         if options["entities"] < 1 or options["messages"] < 1:
             raise CommandError("--entities and --messages must be at least 1.")
@@ -92,22 +172,35 @@ class Command(BaseCommand):
         else:
             runs = [(not options["no_ordering"], n) for n in workers]
         reports = []
-        for ordering, n in runs:
-            plan = harness.Plan(
-                entities=options["entities"],
-                messages=options["messages"],
-                ordering=ordering,
-                delay_ms=options["delay_ms"],
-                recreate_gap_ms=options["recreate_gap_ms"],
-                slow_delete_ms=options["slow_delete_ms"],
-                in_flight=options["in_flight"],
-                seed=options["seed"],
-            )
-            reports.append(self.run_one(plan, n, options["timeout"], options["verbosity"]))
+        try:
+            with harness.stop_on_signals():
+                for ordering, n in runs:
+                    plan = harness.Plan(
+                        entities=options["entities"],
+                        messages=options["messages"],
+                        ordering=ordering,
+                        delay_ms=options["delay_ms"],
+                        recreate_gap_ms=options["recreate_gap_ms"],
+                        slow_delete_ms=options["slow_delete_ms"],
+                        in_flight=options["in_flight"],
+                        seed=options["seed"],
+                    )
+                    reports.append(self.run_one(plan, n, options["timeout"], options["verbosity"]))
+        except harness.Stopped as stop:
+            # The cluster was stopped on the way out (run_one's finally); no traceback.
+            raise CommandError(
+                f"Stopped by {stop}: the worker cluster is stopped.", returncode=128 + stop.signum
+            ) from None
         self.print_table(reports)
         if options["json_path"]:
             with open(options["json_path"], "w") as out:
                 json.dump({"runs": [r.as_dict() for r in reports]}, out, indent=2)
+        timed_out = sum(1 for r in reports if not r.completed)
+        if timed_out:
+            raise CommandError(
+                f"{timed_out} run(s) timed out after {options['timeout']:g}s with jobs unfinished "
+                "(raise --timeout, or lower --messages)."
+            )
 
     def run_one(self, plan: harness.Plan, workers: int, timeout: float, verbosity: int) -> Any:
         mode = harness.mode_name(plan.ordering, workers)
@@ -127,39 +220,40 @@ class Command(BaseCommand):
         cluster = Cluster(workers, name=f"racestress-{uuid.uuid4().hex[:8]}")
         if verbosity >= 2:
             self.stderr.write(f"cluster log: {cluster.log_path}")
-        cluster.start()
-        bar = tqdm(
-            total=plan.messages,
-            desc=f"{mode} x{workers}",
-            unit="job",
-            file=sys.stderr,
-            disable=verbosity < 1,
-            leave=verbosity >= 2,
-        )
+        progress: Progress | None = None
+        # From before start(): a signal at any point after it still reaches cluster.stop().
         try:
+            try:
+                cluster.start()
+            except (RuntimeError, TimeoutError) as exc:
+                raise CommandError(f"The worker cluster did not start: {exc}") from None
+            progress = Progress(self, f"{mode} x{workers}", plan.messages, verbosity)
             with cluster.messages(), override_settings(TOMBSTONES_Q_OPTIONS=q_options):
                 first_id = (Job.objects.aggregate(last=Max("id"))["last"] or 0) + 1
                 started = time.monotonic()
+                shown = progress
 
-                def progress() -> None:
-                    bar.n = harness.job_counts(first_id)[1]
-                    bar.refresh()
+                def on_progress() -> None:
+                    shown.update(harness.job_counts(first_id)[1])
 
-                sent = harness.Feeder(plan, first_id, workers).run(on_progress=progress)
+                try:
+                    sent = harness.Feeder(plan, first_id, workers).run(on_progress=on_progress)
+                except harness.Stalled as exc:
+                    raise CommandError(f"{exc} (cluster log: {cluster.log_path})") from None
                 deadline = started + timeout
-                finished = 0
-                while time.monotonic() < deadline:
+                while True:  # counted once more at the deadline: a finished run never times out
                     total, finished = harness.job_counts(first_id)
-                    bar.n = finished
-                    bar.refresh()
+                    progress.update(finished)
                     if total >= sent and finished >= total:
                         break
+                    if time.monotonic() >= deadline:
+                        report.completed = False
+                        break
                     time.sleep(0.05)
-                else:
-                    report.completed = False
                 report.seconds = round(time.monotonic() - started, 3)
         finally:
-            bar.close()
+            if progress is not None:
+                progress.close()
             cluster.stop()
         report.messages = sent
         report.messages_per_s = round(sent / report.seconds, 1) if report.seconds else 0.0
