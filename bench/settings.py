@@ -6,9 +6,6 @@ Differences from project.settings, all applied to every variant alike:
 - ``DEBUG`` is off (``BENCH_DEBUG=1`` turns it back on): no debug cursor, as in production;
 - django-q2 keeps every task row (``save_limit = 0``): the baseline's latency and completion are
   read from them, and pruning would add statements to the baseline only;
-- the queue carries one variant at a time, so fenced runs may coalesce wake-ups
-  (``TOMBSTONES_COALESCE_WAKES``, the documented setting for a dedicated queue; ``BENCH_COALESCE=0``
-  turns it off);
 - ``BENCH_Q_RECYCLE`` overrides django-q2's worker recycling (default 500 tasks; the soak run
   turns it off so a leak would show), ``BENCH_CONN_MAX_AGE`` the connection lifetime.
 """
@@ -25,7 +22,6 @@ INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
 DEBUG = os.environ.get("BENCH_DEBUG", "") == "1"
 
 Q_CLUSTER = {**Q_CLUSTER, "save_limit": 0}
-TOMBSTONES_COALESCE_WAKES = os.environ.get("BENCH_COALESCE", "1") == "1"
 if os.environ.get("BENCH_Q_RECYCLE"):
     Q_CLUSTER["recycle"] = int(os.environ["BENCH_Q_RECYCLE"])
 

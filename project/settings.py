@@ -119,7 +119,7 @@ REDIS_URL = env("REDIS_URL", default="")
 Q_CLUSTER: dict[str, object] = {
     "name": env("Q_NAME", default="tombstones-demo"),
     "workers": env("Q_WORKERS"),
-    "timeout": 60,
+    "timeout": 50,  # below TOMBSTONES_LEASE (60 s): tombstones.E023
     "retry": 120,
     "ack_failures": True,
     "catch_up": False,

@@ -268,8 +268,58 @@ def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     ]
 
 
+# django-q2's own default when Q_CLUSTER has no "retry".
+Q_DEFAULT_RETRY = 60
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+def check_django_q_timing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """django-q2's task timeout below the lease, its retry above the timeout.
+
+    A wake-up killed by the timeout charges the job it was running with a crash; a worker that
+    outlives the lease has its jobs taken over; an ORM-broker message redelivered (``retry``)
+    while its task still runs starts a second pump for nothing.
+    """
+    conf = getattr(settings, "Q_CLUSTER", None)
+    if not isinstance(conf, dict) or tombstone_settings.validate():
+        return []
+    timeout = _seconds(conf.get("timeout"))
+    if timeout is None:
+        return []
+    errors: list[checks.CheckMessage] = []
+    lease = tombstone_settings.LEASE.total_seconds()
+    if timeout >= lease:
+        errors.append(
+            checks.Error(
+                f"Q_CLUSTER['timeout'] ({timeout:g} s) must be shorter than TOMBSTONES_LEASE "
+                f"({lease:g} s).",
+                hint="Lower the timeout or raise the lease. A wake-up starts no job after half of "
+                "the timeout, so a handler must finish within half of it.",
+                id="tombstones.E023",
+            )
+        )
+    retry = _seconds(conf.get("retry", Q_DEFAULT_RETRY))
+    if retry is not None and retry <= timeout:
+        errors.append(
+            checks.Error(
+                f"Q_CLUSTER['retry'] ({retry:g} s) must be longer than Q_CLUSTER['timeout'] "
+                f"({timeout:g} s).",
+                hint="django-q2 redelivers a message after 'retry' seconds: a task still running "
+                "would get a twin.",
+                id="tombstones.E024",
+            )
+        )
+    return errors
+
+
 def register() -> None:
     checks.register(check_tombstone_meta, checks.Tags.models)
     checks.register(check_settings)
     checks.register(check_sqlite, checks.Tags.database)
     checks.register(check_django_q)
+    checks.register(check_django_q_timing)

@@ -49,6 +49,7 @@ EVENT_FOR_STATUS: dict[str, str] = {
     Status.RETRY_WAIT: Event.RETRY,
     Status.PAUSED: Event.PAUSED,
     Status.UNCERTAIN: Event.UNCERTAIN,
+    Status.SUPERSEDED: Event.SUPERSEDED,
     Status.ESCALATED: Event.ESCALATED,
     Status.EXPIRED: Event.EXPIRED,
     Status.FAILED: Event.FAILED,

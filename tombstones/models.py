@@ -26,6 +26,9 @@ class Job(models.Model):
         RETRY_WAIT = "retry_wait"  # temporary failure before any write; retried with backoff
         PAUSED = "paused"  # the record could not be read: state unknown, resumed later
         UNCERTAIN = "uncertain"  # an external call may or may not have landed: staff decide
+        # An uncertain external call overtaken by a later job of its lane, which sends the
+        # record's newer state: never repeated, nothing for staff to decide.
+        SUPERSEDED = "superseded"
         ESCALATED = "escalated"  # a stop condition: an operator acts
         EXPIRED = "expired"  # waited longer than TOMBSTONES_JOB_MAX_AGE
         FAILED = "failed"  # the handler raised a non-temporary error, or retries ran out
@@ -60,6 +63,7 @@ class Job(models.Model):
         Status.SUCCEEDED,
         Status.REJECTED,
         Status.UNCERTAIN,
+        Status.SUPERSEDED,
         Status.ESCALATED,
         Status.EXPIRED,
         Status.FAILED,
@@ -182,6 +186,7 @@ class JobEvent(models.Model):
         RETRY = "retry"
         PAUSED = "paused"
         UNCERTAIN = "uncertain"
+        SUPERSEDED = "superseded"  # an uncertain call overtaken by a later job of its lane
         ESCALATED = "escalated"
         EXPIRED = "expired"
         FAILED = "failed"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Exists
+from django.db.models import Exists, Q
 
 from . import alarms, fencing, ledger
 from .conf import tombstone_settings
@@ -415,13 +415,31 @@ def act_external(attempt: Attempt) -> Outcome | None:
     fine = (State.LIVE, State.TOMBSTONE) if handler.accepts_tombstones else (State.LIVE,)
     found = (seen.generation, seen.version)
     if seen.state not in fine:
-        outcome = attempt.end(Status.UNCERTAIN, Reason.DELETED_DURING_SEND, found=found)
+        # Deleted or re-created during the call: what landed is unknown. Never repeated; staff
+        # decide, unless a later job of the lane will send the record's newer state anyway.
+        status = Status.SUPERSEDED if _overtaken(job, seen) else Status.UNCERTAIN
+        outcome = attempt.end(status, Reason.DELETED_DURING_SEND, found=found)
     else:
         outcome = attempt.end(
             Status.SUCCEEDED, found=found, erase_params=seen.state == State.TOMBSTONE
         )
     attempt.busy = False
     return _record_alone(attempt, outcome)
+
+
+def _overtaken(job: Job, seen: fencing.Observation) -> bool:
+    """A later unfinished external job of the lane, for this record, carries its newer state."""
+    newer = Q(generation__gt=job.generation) | Q(generation=job.generation, version__gt=job.version)
+    if seen.generation is not None:
+        newer &= Q(generation__gte=seen.generation)
+    later = Q(queued_at__gt=job.queued_at) | Q(queued_at=job.queued_at, id__gt=job.pk)
+    return (
+        Job.objects.using(job._state.db)
+        .unfinished()
+        .filter(later, newer, lane=job.lane, external=True)
+        .for_record(job.content_type_id, job.object_id)
+        .exists()
+    )
 
 
 def _rejection(attempt: Attempt, seen: fencing.Observation) -> Outcome:

@@ -40,14 +40,30 @@ def cluster_workers() -> int:
     return max(1, int(Conf.WORKERS or 1))
 
 
-def pump(using: str | None = None) -> list[Outcome]:
-    """Run due lane heads until none is left or the wake budget is spent."""
+def task_seconds() -> float | None:
+    """How long this wake-up may run: half of django-q2's task timeout, if it has one.
+
+    django-q2 kills a task that outlives its timeout, and the job then running would be charged
+    with the crash; a wake-up stops starting jobs at half of it and hands the rest to another
+    message. So a handler must finish within half of the timeout.
+    """
+    from django_q.conf import Conf
+
+    timeout = tombstone_settings.Q_OPTIONS.get("timeout", Conf.TIMEOUT)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        return None
+    return float(timeout) / 2
+
+
+def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outcome]:
+    """Run due lane heads until none is left, or the wake budget (jobs, ``seconds``) is spent."""
     db = using or router.db_for_write(Job)
     size, budget = tombstone_settings.BATCH_SIZE, tombstone_settings.WAKE_BUDGET
+    deadline = time.monotonic() + seconds if seconds is not None else None
     outcomes: list[Outcome] = []
     wakeups.helper_arrived()
     quick = True
-    while len(outcomes) < budget:
+    while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
         workers = cluster_workers()
         # Opened before every look: an enqueue that finds the gate armed committed before the
         # look that follows (see tombstones.wakeups).
@@ -60,14 +76,16 @@ def pump(using: str | None = None) -> list[Outcome]:
             return outcomes
         if claim.left and (not quick or claim.left >= size):
             wakeups.call_helper()
-        ran, quick = run_claim(claim, workers=workers)
+        ran, quick = run_claim(claim, workers=workers, deadline=deadline)
         outcomes += ran
     # Budget spent with work left: hand it to another message rather than hog this worker.
     wakeups.wake_soon()
     return outcomes
 
 
-def run_claim(claim: Claim, *, workers: int = 1) -> tuple[list[Outcome], bool]:
+def run_claim(
+    claim: Claim, *, workers: int = 1, deadline: float | None = None
+) -> tuple[list[Outcome], bool]:
     """Run a claim's jobs; returns their recorded outcomes and whether they ran quickly.
 
     Any exception outside the handlers' own (which become outcomes) gives the claim's unfinished
@@ -89,8 +107,11 @@ def run_claim(claim: Claim, *, workers: int = 1) -> tuple[list[Outcome], bool]:
                 else:
                     group = [a for a in queue if not a.job.external]
                     rest = phases.act_group(group) + [a for a in queue if a.job.external]
-                if rest and workers > 1 and time.monotonic() - started > phases.GROUP_SECONDS:
-                    # Slow handlers: the jobs not started go to the other workers.
+                now = time.monotonic()
+                slow = workers > 1 and now - started > phases.GROUP_SECONDS
+                if rest and (slow or (deadline is not None and now > deadline)):
+                    # Slow handlers, or this wake-up's time is up: the jobs not started go back
+                    # to the queue, for another worker or another message.
                     ledger.release(claim, [a.job for a in rest])
                     for attempt in rest:
                         attempt.lost = True
@@ -140,6 +161,7 @@ def _give_back(claim: Claim, attempts: list[phases.Attempt], exc: BaseException)
     for attempt in unfinished:
         attempt.lost = True
     wakeups.wake_soon()
+    alarms.arm_next(claim.using)  # the culprit's retry
 
 
 def result(job_id: Any, outcomes: list[Outcome]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ STATUS_COLOURS: dict[str, str] = {
     Status.SUCCEEDED: "#2e7d32",
     Status.REJECTED: "#c62828",
     Status.UNCERTAIN: "#ef6c00",
+    Status.SUPERSEDED: "#ffb74d",
     Status.ESCALATED: "#6a1b9a",
     Status.EXPIRED: "#9e9e9e",
     Status.FAILED: "#ad1457",

@@ -21,7 +21,7 @@ def run(job_id: int | None = None) -> dict[str, Any]:
     """Entry point called by django-q2; ``job_id`` only names the job that sent the message."""
     _close_old_connections()
     try:
-        return runner.result(job_id, runner.pump())
+        return runner.result(job_id, runner.pump(seconds=runner.task_seconds()))
     finally:
         _close_old_connections()
 

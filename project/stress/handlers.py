@@ -13,12 +13,16 @@ Params understood by all three (ids and timings only):
     ``signal``: a file path written when the handler is reached (a barrier for tests);
     ``release`` / ``hold``: then wait until that file exists, at most ``hold`` seconds;
     ``heartbeat``: seconds to run while extending the lease every ``heartbeat_every`` seconds;
-    ``transient_attempts`` (``stress.apply``): raise a TransientError on attempts up to this one.
+    ``transient_attempts`` (``stress.apply``): raise a TransientError on attempts up to this one;
+    ``crash`` (``stress.apply``): ``"sigkill"`` kills the worker process, ``"exit"`` raises
+    SystemExit, on attempts up to ``crash_attempts`` (default: every attempt).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal as signals
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,11 @@ def apply(ctx: HandlerContext) -> None:
     params = ctx.params
     if ctx.job.attempts <= int(params.get("transient_attempts", 0)):
         raise TransientError("stress.apply: a temporary failure, as asked")
+    crash = params.get("crash")
+    if crash and ctx.job.attempts <= int(params.get("crash_attempts", 1_000)):
+        if crash == "sigkill":
+            os.kill(os.getpid(), signals.SIGKILL)
+        raise SystemExit("stress.apply: exits, as asked")
     seconds = float(params.get("heartbeat", 0))
     if seconds:
         every = float(params.get("heartbeat_every", 0.2))

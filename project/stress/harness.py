@@ -113,7 +113,8 @@ class Report:
     anomalies: int = 0
     breakdown: dict[str, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
-    uncertain: int = 0
+    uncertain: int = 0  # external calls overtaken by a change: they still need a staff decision
+    superseded: int = 0  # ... those a later job of their lane sends anew: nothing to decide
     entity_reorderings: int = 0
     completed: bool = True
 
@@ -315,6 +316,7 @@ def analyse(report: Report, first_id: int, expected: int) -> Report:
     statuses = Counter(str(s) for s in jobs.values_list("status", flat=True))
     report.outcomes = dict(sorted(statuses.items()))
     report.uncertain = statuses.get(Job.Status.UNCERTAIN, 0)
+    report.superseded = statuses.get(Job.Status.SUPERSEDED, 0)
     total = sum(statuses.values())
     unfinished = sum(statuses.get(s, 0) for s in Job.UNFINISHED)
     breakdown["lost_jobs"] = max(expected - total, 0) + unfinished

@@ -10,8 +10,9 @@ from project.settings import *  # noqa: F403
 
 TOMBSTONES_LEASE = float(os.environ.get("TOMBSTONES_LEASE_SECONDS", "60"))
 TOMBSTONES_MAX_ATTEMPTS = int(os.environ.get("TOMBSTONES_MAX_ATTEMPTS", "5"))
-if os.environ.get("Q_TIMEOUT"):
-    Q_CLUSTER = {**Q_CLUSTER, "timeout": int(os.environ["Q_TIMEOUT"])}  # noqa: F405
+# django-q2's task timeout stays below the lease (tombstones.E023).
+_timeout = os.environ.get("Q_TIMEOUT") or min(50, max(1, int(TOMBSTONES_LEASE) - 1))
+Q_CLUSTER = {**Q_CLUSTER, "timeout": int(_timeout)}  # noqa: F405
 TOMBSTONES_RETRY_BACKOFF = timedelta(
     seconds=float(os.environ.get("TOMBSTONES_RETRY_BACKOFF_SECONDS", "2"))
 )

@@ -27,6 +27,8 @@ ROOT = Path(settings.BASE_DIR)
 
 __all__ = [
     "Cluster",
+    "broker_cluster",
+    "finished",
     "assert_lane_order",
     "backdate_lease",
     "entity",
@@ -155,3 +157,40 @@ def assert_lane_order(records: list[StressEntity], jobs: list[Job]) -> None:
             .values_list("job_id", flat=True)
         )
         assert order == sorted(j.pk for j in jobs if j.object_id == str(record.pk))
+
+
+@contextlib.contextmanager
+def broker_cluster(workers: int, **env: str) -> Iterator[Cluster]:
+    """A real qcluster on this run's pair: PostgreSQL + Redis, or SQLite + the ORM broker.
+
+    No sweep schedule: only wake-ups and timers can run the jobs. This process's wake-ups go to
+    the cluster's queue, through the same kind of broker.
+    """
+    from django_q.models import Schedule
+
+    from tests.jobkit import redis_broker, redis_client, redis_url
+    from tombstones import wakeups
+
+    Schedule.objects.all().delete()
+    client = None
+    if is_postgres():
+        client = redis_client()
+        env = {"REDIS_URL": redis_url(), **env}
+    cluster = Cluster(workers, settings_module="tests.acceptance.cluster_settings", env=env)
+    key = (os.getpid(), cluster.name)
+    if client is not None:
+        cluster.broker = redis_broker(client, cluster.name)
+    try:
+        with override_settings(TOMBSTONES_Q_OPTIONS={}), cluster, cluster.messages():
+            if client is not None:  # after override_settings, which forgets the brokers
+                wakeups._brokers[key] = cluster.broker
+            yield cluster
+    finally:
+        wakeups._brokers.pop(key, None)
+        if client is not None:
+            for suffix in ("", ":tombstones:gate", ":tombstones:helper"):
+                client.delete(f"{cluster.broker.list_key}{suffix}")
+
+
+def finished(*jobs: Job) -> bool:
+    return not Job.objects.filter(pk__in=[j.pk for j in jobs], status__in=Job.UNFINISHED).exists()

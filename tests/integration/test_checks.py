@@ -1,5 +1,5 @@
 """System checks: TombstoneMeta (E001-E005), settings (E010, E011), SQLite mode (W001) and
-django-q2's broker (E020-E022, W020)."""
+django-q2's broker (E020-E022, W020) and its timing (E023, E024)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from django.test.utils import isolate_apps, override_settings
 
 from tombstones.checks import (
     check_django_q,
+    check_django_q_timing,
     check_settings,
     check_sqlite,
     check_tombstone_meta,
@@ -448,3 +449,35 @@ def test_check_django_q__registered_with_django(settings: Any) -> None:
     settings.Q_CLUSTER = {"name": "site", "orm": "queue"}
 
     assert "tombstones.E021" in ids(checks.run_checks())
+
+
+# --- django-q2's timeout, retry and the lease (E023, E024) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("timeout", "retry", "lease", "expected"),
+    [
+        (30, 60, 60, []),
+        (None, 60, 60, []),  # no timeout: nothing to compare
+        (60, 120, 60, ["tombstones.E023"]),  # a timeout equal to the lease
+        (90, 120, 60, ["tombstones.E023"]),
+        (30, 30, 60, ["tombstones.E024"]),  # a retry equal to the timeout
+        (30, None, 60, []),  # django-q2's default retry (60) is above 30
+        (61, None, 120, ["tombstones.E024"]),  # ... and not above 61
+        (70, 50, 60, ["tombstones.E023", "tombstones.E024"]),
+    ],
+)
+def test_django_q_timing__timeout_below_the_lease_and_retry_above_the_timeout(
+    timeout: Any, retry: Any, lease: int, expected: list[str]
+) -> None:
+    conf: dict[str, Any] = {"name": "t", "orm": "default"}
+    if timeout is not None:
+        conf["timeout"] = timeout
+    if retry is not None:
+        conf["retry"] = retry
+    with override_settings(Q_CLUSTER=conf, TOMBSTONES_LEASE=timedelta(seconds=lease)):
+        assert ids(check_django_q_timing()) == expected
+
+
+def test_django_q_timing__the_project_settings_pass() -> None:
+    assert check_django_q_timing() == []

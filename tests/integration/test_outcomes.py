@@ -16,6 +16,7 @@ import tombstones
 from project.customers.models import Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import events, make_due, run, temp_handler
+from tombstones import worker
 from tombstones.models import Job
 from tombstones.signals import job_escalated
 from tombstones.sweep import sweep
@@ -225,6 +226,36 @@ def test_external__record_deleted_during_the_send_is_uncertain(customer: Custome
     with temp_handler("t.send_deleted", send_while_deleted, external=True):
         job = run(tombstones.enqueue("t.send_deleted", customer))
     assert (job.status, job.reason) == (Status.UNCERTAIN, Reason.DELETED_DURING_SEND)
+
+
+@pytest.mark.parametrize("then_sent", [True, False], ids=["newer-state-queued", "alone"])
+def test_external__overtaken_by_a_recreate_is_superseded_only_if_a_later_job_sends_it(
+    customer: Customer, then_sent: bool
+) -> None:
+    later: list[Job] = []
+    calls: list[int] = []
+
+    def send_while_recreated(ctx: Any) -> None:
+        calls.append(ctx.job.pk)
+        if len(calls) > 1:
+            return  # the later job: it sends the new generation
+        # A delete and a re-create commit while the call is in flight; the app queues the
+        # propagation of the new generation in the record's lane, as a sync would.
+        Customer.objects.get(pk=ctx.record.pk).delete()
+        revived = Customer.all_objects.recreate(reference=ctx.record.reference, name="Again")
+        if then_sent:
+            later.append(tombstones.enqueue("t.send_recreated", revived))
+
+    with temp_handler("t.send_recreated", send_while_recreated, external=True):
+        job = tombstones.enqueue("t.send_recreated", customer)
+        worker.run(job.pk)  # the first job, then the later one (if any) in the lane
+    job.refresh_from_db()
+    expected = Status.SUPERSEDED if then_sent else Status.UNCERTAIN
+    assert (job.status, job.reason) == (expected, Reason.DELETED_DURING_SEND)
+    assert events(job)[-1] == expected
+    for sent in later:
+        sent.refresh_from_db()
+        assert sent.status == Status.SUCCEEDED
 
 
 def test_external__refused_connection_is_retried_with_the_same_idempotency_key(

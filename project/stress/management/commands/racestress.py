@@ -262,7 +262,8 @@ class Command(BaseCommand):
     def print_table(self, reports: list[harness.Report]) -> None:
         header = (
             f"{'mode':<11} {'db':<10} {'broker':<6} {'workers':>7} {'entities':>8} "
-            f"{'messages':>8} {'seconds':>8} {'msg/s':>8} {'anomalies':>9} {'uncertain':>9}"
+            f"{'messages':>8} {'seconds':>8} {'msg/s':>8} {'anomalies':>9} {'uncertain':>9} "
+            f"{'superseded':>10}"
         )
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
@@ -270,11 +271,16 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{r.mode:<11} {r.database:<10} {r.broker:<6} {r.workers:>7} {r.entities:>8} "
                 f"{r.messages:>8} {r.seconds:>8.2f} {r.messages_per_s:>8.1f} {r.anomalies:>9} "
-                f"{r.uncertain:>9}"
+                f"{r.uncertain:>9} {r.superseded:>10}"
             )
         for r in reports:
             found = {k: v for k, v in r.breakdown.items() if v}
             if found:
                 self.stdout.write(f"  {r.mode} x{r.workers}: {found}")
+            if r.uncertain:
+                self.stdout.write(
+                    f"  {r.mode} x{r.workers}: {r.uncertain} job(s) need a staff decision "
+                    "(uncertain: see the admin's Jobs list)"
+                )
             if not r.completed:
                 self.stdout.write(f"  {r.mode} x{r.workers}: TIMED OUT before every job ended")
