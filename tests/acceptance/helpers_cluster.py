@@ -27,11 +27,11 @@ ROOT = Path(settings.BASE_DIR)
 
 __all__ = [
     "Cluster",
-    "broker_cluster",
-    "finished",
     "assert_lane_order",
     "backdate_lease",
+    "broker_cluster",
     "entity",
+    "finished",
     "kill",
     "queue_namespace",
     "quiet_queue",
