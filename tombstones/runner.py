@@ -6,10 +6,10 @@ each, external jobs one by one), and claims again until nothing is due. A claim'
 kept alive for as long as the worker holds it (:mod:`tombstones.keeper`). Nothing else runs a
 job: a batch of one is the same road with n = 1.
 
-How much one worker takes: all it sees (up to the batch size) while its handlers are quick (its
-last claim's jobs took under ``QUICK_JOB_SECONDS`` each: one worker running them back to back
-in one transaction beats several splitting them); otherwise its share of the due heads
-(1/workers), and a helper message wakes another worker for the rest. A claim still running after
+How much one worker takes: its share of the due heads (1/workers) at first, and a helper message
+wakes another worker for the rest; all it sees (up to the batch size) while its handlers are
+quick (its last claim's jobs took under ``QUICK_JOB_SECONDS`` each: one worker running them back
+to back in one transaction beats several splitting them). A claim still running after
 ``phases.GROUP_SECONDS`` gives the jobs it has not started back to the queue for the others.
 """
 
@@ -62,18 +62,20 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
     deadline = time.monotonic() + seconds if seconds is not None else None
     outcomes: list[Outcome] = []
     wakeups.helper_arrived()
-    quick = True
+    quick: bool | None = None  # unknown until this wake-up's first claim ran
     while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
         workers = cluster_workers()
         # Opened before every look: an enqueue that finds the gate armed committed before the
         # look that follows (see tombstones.wakeups).
         wakeups.open_gate()
         claim = ledger.claim(
-            min(size, budget - len(outcomes)), workers=workers, whole=quick, using=db
+            min(size, budget - len(outcomes)), workers=workers, whole=bool(quick), using=db
         )
         if claim is None:
             alarms.arm_next(db)
             return outcomes
+        # Work left to the others: a helper message, unless this worker's quick handlers will
+        # drain it sooner alone (then only for a full batch).
         if claim.left and (not quick or claim.left >= size):
             wakeups.call_helper()
         ran, quick = run_claim(claim, workers=workers, deadline=deadline)
