@@ -2,8 +2,10 @@
 
 A worker may hold a claim for longer than one lease (a batch of slow handlers, one long
 handler). A daemon thread of the worker process renews the leases of every claim it holds, on its
-own database connection, every third of a lease, so the renewals commit at once whatever
-transaction the handlers are in. A worker that dies stops renewing, and its leases run out.
+own database connection, a third of a lease after the claim and every third of a lease after
+that, so the renewals commit at once whatever transaction the handlers are in. A claim that ends
+sooner (the usual case) costs no renewal. A worker that dies stops renewing, and its leases run
+out.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -29,19 +32,24 @@ class LeaseKeeper:
     """The claims one process holds, renewed by one daemon thread."""
 
     def __init__(self) -> None:
-        self._held: dict[str, str] = {}  # token -> database alias
+        self._held: dict[str, tuple[str, float]] = {}  # token -> (database alias, renew at)
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _period() -> float:
+        return tombstone_settings.LEASE.total_seconds() / 3
 
     @contextlib.contextmanager
     def hold(self, claim: Claim) -> Iterator[None]:
         with self._changed:
-            self._held[claim.token] = claim.using
+            self._held[claim.token] = (claim.using, time.monotonic() + self._period())
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._renew_forever, name="tombstones-leases", daemon=True
                 )
                 self._thread.start()
+            self._changed.notify()
         try:
             yield
         finally:
@@ -54,12 +62,17 @@ class LeaseKeeper:
 
     def _renew_forever(self) -> None:
         while True:
-            period = tombstone_settings.LEASE.total_seconds() / 3
             with self._changed:
-                self._changed.wait(period)
-                held = dict(self._held)
-            if held:
-                self.renew(held)
+                now = time.monotonic()
+                due = {t: db for t, (db, at) in self._held.items() if at <= now}
+                if not due:
+                    soonest = min((at for _, at in self._held.values()), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+                later = now + self._period()
+                for token in due:
+                    self._held[token] = (due[token], later)
+            self.renew(due)
 
     @staticmethod
     def renew(held: dict[str, str]) -> None:
