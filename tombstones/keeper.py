@@ -111,24 +111,20 @@ def heartbeat(claim: Claim) -> bool:
     PostgreSQL it runs on a connection of its own; on SQLite the transaction holds the database's
     write lock, so nobody can take the lease meanwhile and a read says whether it is still ours.
     """
-    from .ledger import renew
+    from .ledger import holds_any, renew
 
     conn = connections[claim.using]
     if not conn.in_atomic_block:
-        return renew([claim.token], using=claim.using) > 0
+        renew([claim.token], using=claim.using)
+        return holds_any(claim.token, using=claim.using)
     if conn.vendor == "sqlite":
-        from .models import Job
-
-        return (
-            Job.objects.using(claim.using)
-            .filter(claim_token=claim.token, status=Job.Status.RUNNING)
-            .exists()
-        )
-    result: list[int] = []
+        return holds_any(claim.token, using=claim.using)
+    result: list[bool] = []
 
     def side() -> None:
         try:
-            result.append(renew([claim.token], using=claim.using))
+            renew([claim.token], using=claim.using)
+            result.append(holds_any(claim.token, using=claim.using))
         finally:
             connections.close_all()
 

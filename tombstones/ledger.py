@@ -102,8 +102,9 @@ def claim(
     database's), then takes up to ``limit`` of them: this worker's share (1/``workers`` of what
     it saw) unless ``whole``. A job whose last claim ended without an outcome (a crash) is taken
     alone, so that a job that kills its worker is told apart from its batch-mates. The UPDATE
-    repeats every condition, and the unique running-lane index is the last word. Returns None
-    when nothing is due.
+    repeats every condition, and the unique running-lane index is the last word. A ``whole``
+    claim also takes its lanes' next queued jobs (:func:`_take_followers`). Returns None when
+    nothing is due.
     """
     db = using or router.db_for_write(Job)
     rows = Job.objects.using(db).select_related("content_type").annotate(too_old=_too_old())
@@ -130,11 +131,7 @@ def claim(
         "sending_at": None,
     }
     try:
-        if connections[db].in_atomic_block:
-            with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
-                matched = take.update(**values)
-        else:
-            matched = take.update(**values)  # one statement in autocommit: no BEGIN/COMMIT
+        matched = _update(db, take, values)
     except IntegrityError:
         # The unique running-lane index refused a second running job of a lane: look again.
         return Claim(token, wid, db, [], left=len(seen))
@@ -147,7 +144,66 @@ def claim(
         jobs = list(
             rows.filter(claim_token=token, status=Status.RUNNING).order_by("queued_at", "id")
         )
-    return Claim(token, wid, db, jobs, left=len(seen) - len(jobs))
+    taken = Claim(token, wid, db, jobs, left=len(seen) - len(jobs))
+    if whole and ids is None and jobs and not _suspect(jobs[0]):
+        taken.jobs = sorted([*jobs, *_take_followers(taken, rows, limit)], key=_place)
+    return taken
+
+
+def _take_followers(claim: Claim, rows: Any, limit: int) -> list[Job]:
+    """The claimed heads' lanes' next queued jobs, reserved for this claim (at most ``limit``).
+
+    A follower stays ``queued`` (a lane has one running job, its head) with this claim's token
+    and one more attempt: nobody else can take it while its head holds the lane, and it runs in
+    the same group, after its head, on the record as the head left it. Its outcome is recorded
+    with the others'; if its turn does not come, it is given back.
+    """
+    lanes = {job.lane for job in claim.jobs if not job.external}
+    if not lanes:
+        return []
+    heads = [job.pk for job in claim.jobs]
+    queued = rows.filter(lane__in=lanes, status=Status.QUEUED, run_after__lte=Now(), external=False)
+    candidates = list(queued.exclude(pk__in=heads).order_by("queued_at", "id")[:limit])
+    if not candidates:
+        return []
+    # Next in its lane: no queued job of the lane placed before it but outside this claim.
+    mine = [*heads, *(job.pk for job in candidates)]
+    before = Q(queued_at__lt=OuterRef("queued_at")) | Q(
+        queued_at=OuterRef("queued_at"), id__lt=OuterRef("id")
+    )
+    skipped = Exists(
+        Job.objects.filter(before, lane=OuterRef("lane"), status=Status.QUEUED).exclude(
+            pk__in=mine
+        )
+    )
+    reserve = (
+        Job.objects.using(claim.using)
+        .filter(pk__in=[job.pk for job in candidates], status=Status.QUEUED, claim_token="")
+        .filter(~skipped)
+    )
+    values = {
+        "owner": claim.worker,
+        "claim_token": claim.token,
+        "attempts": F("attempts") + 1,
+        "started_at": Now(),
+    }
+    if _update(claim.using, reserve, values) == len(candidates):
+        for job in candidates:
+            job.claim_token, job.owner = claim.token, claim.worker
+            job.attempts += 1
+        return candidates
+    return list(rows.filter(claim_token=claim.token, status=Status.QUEUED))
+
+
+def _update(db: str, qs: Any, values: dict[str, Any]) -> int:
+    if connections[db].in_atomic_block:
+        with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
+            return int(qs.update(**values))
+    return int(qs.update(**values))  # one statement in autocommit: no BEGIN/COMMIT
+
+
+def _place(job: Job) -> tuple[Any, int]:
+    return (job.queued_at, job.pk)
 
 
 def _suspect(job: Job) -> bool:
@@ -155,7 +211,7 @@ def _suspect(job: Job) -> bool:
 
 
 def renew(tokens: Iterable[str], *, using: str | None = None) -> int:
-    """Push the leases of these claims forward (database clock); the number still held."""
+    """Push the leases of these claims forward (database clock); the number renewed."""
     tokens = list(tokens)
     if not tokens:
         return 0
@@ -163,13 +219,18 @@ def renew(tokens: Iterable[str], *, using: str | None = None) -> int:
     return held.update(lease_expires_at=lease_until())
 
 
-def still_held(claim: Claim, job: Job) -> bool:
-    return _mine(claim, [job.pk]).exists()
+def holds_any(token: str, *, using: str | None = None) -> bool:
+    """True while the claim holds a job (running, or a lane follower it reserved)."""
+    return Job.objects.using(using).filter(claim_token=token, status__in=HELD).exists()
+
+
+# A claim's jobs: its heads (running) and its lane followers (queued, reserved by the token).
+HELD = (Status.RUNNING, Status.QUEUED)
 
 
 def _mine(claim: Claim, ids: Sequence[int]) -> models.QuerySet[Job]:
     return Job.objects.using(claim.using).filter(
-        pk__in=list(ids), status=Status.RUNNING, claim_token=claim.token
+        pk__in=list(ids), status__in=HELD, claim_token=claim.token
     )
 
 
@@ -397,8 +458,8 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
     - an external call was sent: ``uncertain``, never repeated by itself;
     - claimed alone: a claim without an outcome; ``failed``/``crashed`` once it was claimed
       TOMBSTONES_MAX_ATTEMPTS times, else queued again in its place;
-    - claimed with others: which of them killed the worker is unknown; each gets its attempt
-      back and is queued again, to be claimed alone next time.
+    - claimed with others (heads or lane followers): which of them killed the worker is
+      unknown; each gets its attempt back and is queued again, to be claimed alone next time.
 
     Each change is conditional, so two of these running at once are harmless.
     """
@@ -406,7 +467,7 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
     db = using or router.db_for_write(Job)
     lapsed = Job.objects.using(db).lapsed()
     shared = Exists(
-        Job.objects.filter(claim_token=OuterRef("claim_token"), status=Status.RUNNING).exclude(
+        Job.objects.filter(claim_token=OuterRef("claim_token"), status__in=HELD).exclude(
             pk=OuterRef("pk")
         )
     )
@@ -442,6 +503,11 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
                 from_status=(Status.RUNNING,),
                 extra_filter=still,
                 **common,
+            )
+        if job.shared:
+            # Its claim's lane followers: never started (or rolled back with it).
+            Job.objects.using(db).filter(claim_token=job.claim_token, status=Status.QUEUED).update(
+                claim_token="", attempts=F("attempts") - 1, reason=Reason.LEASE_EXPIRED
             )
     return counts
 

@@ -66,6 +66,11 @@ class Attempt:
         self.events.append(ledger.event_row(self.job, Event.CLAIMED, worker=self.claim.worker))
 
     @property
+    def follower(self) -> bool:
+        """Reserved behind its lane's head in the same claim (it stays ``queued`` until it ends)."""
+        return self.job.status == Status.QUEUED
+
+    @property
     def done(self) -> bool:
         return self.outcome is not None or self.lost
 
@@ -198,10 +203,17 @@ def act_group(attempts: Sequence[Attempt]) -> list[Attempt]:
         return _act_once(attempts)
     except _Trouble as trouble:
         if len(attempts) > 1:
+            held: set[str] = set()
+            left: list[Attempt] = []
             for attempt in attempts:
+                if attempt.follower and attempt.job.lane in held:
+                    left.append(attempt)
+                    continue
                 if not attempt.done:
                     _act_alone(attempt)
-            return []
+                if attempt.outcome is None or attempt.outcome.status not in Job.TERMINAL:
+                    held.add(attempt.job.lane)
+            return left
         _after_trouble(trouble)
         if not attempts[0].done:  # a re-read: decide again on the fresh record
             _act_alone(attempts[0])
@@ -240,7 +252,11 @@ def _act_once(attempts: Sequence[Attempt]) -> list[Attempt]:
             for attempt in attempts:
                 attempt.busy = len(attempts) == 1
             records = read_records([a.job for a in attempts], lock=True, using=db)
+            held: set[str] = set()  # lanes whose job before stays unfinished: followers wait
             for index, attempt in enumerate(attempts):
+                if attempt.follower and attempt.job.lane in held:
+                    rest.append(attempt)  # its turn does not come: given back by the runner
+                    continue
                 attempt.busy = True
                 stop = None if attempt.prechecked else classify(attempt, records)
                 attempt.prechecked = False
@@ -248,8 +264,10 @@ def _act_once(attempts: Sequence[Attempt]) -> list[Attempt]:
                 attempt.busy = False
                 outcomes.append(outcome)
                 decided.append(attempt)
+                if outcome.status not in Job.TERMINAL:
+                    held.add(attempt.job.lane)
                 if time.monotonic() - started > GROUP_SECONDS:
-                    rest = list(attempts[index + 1 :])
+                    rest += attempts[index + 1 :]
                     break
             ledger.record(claim, outcomes)
     except LeaseLost:

@@ -109,6 +109,14 @@ def run_claim(
                 else:
                     group = [a for a in queue if not a.job.external]
                     rest = phases.act_group(group) + [a for a in queue if a.job.external]
+                # Lane followers run in their head's group or not at all: what is left of them
+                # goes back, uncharged, to be claimed as the heads they now are.
+                followers = [a for a in rest if a.follower]
+                if followers:
+                    ledger.release(claim, [a.job for a in followers])
+                    for attempt in followers:
+                        attempt.lost = True
+                    rest = [a for a in rest if not a.follower]
                 now = time.monotonic()
                 slow = workers > 1 and now - started > phases.GROUP_SECONDS
                 if rest and (slow or (deadline is not None and now > deadline)):

@@ -550,3 +550,108 @@ def test_fence__a_record_changed_before_the_act_rejects_a_write_only_job(
     expected = Reason.SOURCE_DELETED if change == "delete" else Reason.GENERATION_CHANGED
     assert (job.status, job.reason) == (Status.REJECTED, expected)
     assert SheetRow.objects.get(pk=row.pk).synced_version != 99
+
+
+# --- lane followers: a claim takes its lanes' next jobs -------------------------------------
+
+
+def _lane_of(count: int, handler: str = "t.touch") -> list[Job]:
+    customer = CustomerFactory()
+    return [tombstones.enqueue(handler, customer) for _ in range(count)]
+
+
+def test_followers__one_claim_runs_a_lane_in_order_each_job_claimed_once(queued: Any) -> None:
+    lane = _lane_of(5)
+    taken = ledger.claim(20, whole=True)
+    assert taken is not None
+    assert [j.pk for j in taken.jobs] == [j.pk for j in lane]
+    # One running job per lane: the head; its followers stay queued, reserved by the claim.
+    rows = dict(Job.objects.values_list("pk", "status"))
+    assert [rows[j.pk] for j in lane] == [Status.RUNNING] + [Status.QUEUED] * 4
+    assert set(Job.objects.values_list("claim_token", flat=True)) == {taken.token}
+    assert ledger.claim(20, whole=True) is None  # nobody else can take them meanwhile
+    with CaptureQueriesContext(connection) as queries:
+        ran, _ = runner.run_claim(taken)
+    assert [o.job_id for o in ran] == [j.pk for j in lane]
+    assert set(_statuses(lane)) == {Status.SUCCEEDED}
+    assert set(Job.objects.values_list("attempts", "claim_token")) == {(1, "")}
+    found = list(
+        Job.objects.filter(pk__in=[j.pk for j in lane])
+        .order_by("id")
+        .values_list("found_version", flat=True)
+    )
+    assert found == [2, 3, 4, 5, 6]  # each on the record as the one before left it
+    job_writes = [q for q in queries if q["sql"].startswith('UPDATE "tombstones_job"')]
+    assert len(job_writes) == 1  # every outcome of the group in one statement
+
+
+def test_followers__wait_behind_a_head_that_holds_its_lane_and_go_back_uncharged(
+    queued: Any,
+) -> None:
+    calls: list[int] = []
+
+    def flaky_first(ctx: Any) -> None:
+        calls.append(ctx.job.pk)
+        if ctx.job.pk == lane[0].pk:
+            raise tombstones.TransientError("busy")
+        ctx.update(phone="+1")
+
+    with temp_handler("t.flaky_first", flaky_first):
+        lane = _lane_of(3, "t.flaky_first")
+        taken = ledger.claim(20, whole=True)
+        assert taken is not None
+        assert len(taken.jobs) == 3
+        ran, _ = runner.run_claim(taken)
+    assert [(o.job_id, o.status) for o in ran] == [(lane[0].pk, Status.RETRY_WAIT)]
+    # The group rolled back and the head ran alone; its followers never ran behind the retry.
+    assert set(calls) == {lane[0].pk}
+    rows = Job.objects.filter(pk__in=[j.pk for j in lane[1:]])
+    assert set(rows.values_list("status", "attempts", "claim_token")) == {(Status.QUEUED, 0, "")}
+
+
+def test_followers__a_follower_that_exits_is_charged_its_head_is_not(
+    queued: Any, settings: Any
+) -> None:
+    customer = CustomerFactory()
+
+    def exits(ctx: Any) -> None:
+        raise SystemExit
+
+    with temp_handler("t.exits", exits):
+        head = tombstones.enqueue("t.touch", customer)
+        poison = tombstones.enqueue("t.exits", customer)
+        taken = ledger.claim(20, whole=True)
+        assert taken is not None
+        assert [j.pk for j in taken.jobs] == [head.pk, poison.pk]
+        with pytest.raises(SystemExit):
+            runner.run_claim(taken)
+    head.refresh_from_db()
+    poison.refresh_from_db()
+    # The group rolled back: the head is given back uncharged, the follower that exited keeps
+    # its attempt and waits to be retried.
+    assert (head.status, head.attempts) == (Status.QUEUED, 0)
+    assert (poison.status, poison.reason, poison.attempts) == (
+        Status.RETRY_WAIT,
+        Reason.CRASHED,
+        1,
+    )
+    assert Customer.objects.get(pk=customer.pk).version == 1
+
+
+def test_followers__of_a_dead_worker_are_given_back_with_its_head(queued: Any) -> None:
+    lane = _lane_of(3)
+    dead = ledger.claim(20, whole=True)
+    assert dead is not None
+    assert len(dead.jobs) == 3
+    Job.objects.filter(status=Status.RUNNING).update(
+        lease_expires_at=Now() - Value(timedelta(seconds=1))
+    )
+    assert ledger.take_back_lapsed()["requeued"] == 1
+    rows = Job.objects.filter(pk__in=[j.pk for j in lane])
+    # Which job killed the worker is unknown: none is charged, each is claimed alone next.
+    assert set(rows.values_list("status", "attempts", "claim_token", "reason")) == {
+        (Status.QUEUED, 0, "", Reason.LEASE_EXPIRED)
+    }
+    alone = ledger.claim(20, whole=True)
+    assert alone is not None
+    assert [j.pk for j in alone.jobs] == [lane[0].pk]
