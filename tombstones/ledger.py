@@ -172,9 +172,7 @@ def _take_followers(claim: Claim, rows: Any, limit: int) -> list[Job]:
         queued_at=OuterRef("queued_at"), id__lt=OuterRef("id")
     )
     skipped = Exists(
-        Job.objects.filter(before, lane=OuterRef("lane"), status=Status.QUEUED).exclude(
-            pk__in=mine
-        )
+        Job.objects.filter(before, lane=OuterRef("lane"), status=Status.QUEUED).exclude(pk__in=mine)
     )
     reserve = (
         Job.objects.using(claim.using)

@@ -62,12 +62,12 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
     deadline = time.monotonic() + seconds if seconds is not None else None
     outcomes: list[Outcome] = []
     wakeups.helper_arrived()
+    # Opened before the first look: an enqueue that finds the gate armed from now on armed it
+    # after this look began, and its message starts another pump (see tombstones.wakeups).
+    wakeups.open_gate()
     quick: bool | None = None  # unknown until this wake-up's first claim ran
     while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
         workers = cluster_workers()
-        # Opened before every look: an enqueue that finds the gate armed committed before the
-        # look that follows (see tombstones.wakeups).
-        wakeups.open_gate()
         claim = ledger.claim(
             min(size, budget - len(outcomes)), workers=workers, whole=bool(quick), using=db
         )

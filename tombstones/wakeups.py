@@ -5,10 +5,11 @@ finds, so one message serves all the jobs queued meanwhile. An enqueue sends a m
 no pump is certain to look after the job committed:
 
 - with django-q2's Redis broker, a *gate* (a Redis key next to the queue): the enqueue that arms
-  it (``SET NX``) sends the message; a pump opens it (``DEL``) before every look, so an enqueue
-  that finds it armed committed before the next look of the pump whose message armed it. The
-  gate expires (``GATE_TTL``): a pump that died holding it costs at most that long, and the
-  replacement worker opens it at its start (:mod:`tombstones.alarms`);
+  it (``SET NX``) sends the message, and the pump that message starts opens it (``DEL``) before
+  its first look. An enqueue that finds the gate armed committed after it was armed, so after
+  its message was sent: that message's pump has not looked yet and will see the job. The gate
+  expires (``GATE_TTL``): a message lost or a pump killed before it opened the gate costs at most
+  that long, and a replacement worker opens it at its start (:mod:`tombstones.alarms`);
 - with any other broker (the ORM broker polls), one of our messages still waiting in the queue:
   its pump will look after the job committed. Other tasks sharing the queue do not count.
 
@@ -102,7 +103,7 @@ def wake_soon(reason: int | None = None) -> str | None:
 
 
 def open_gate() -> None:
-    """Pump side, before every look: enqueues from now on send a message if they must."""
+    """Pump side, before its first look: the next enqueue sends a message again."""
     _release("gate")
 
 
