@@ -59,12 +59,12 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def lane_heads(self) -> JobQuerySet:
         """Jobs that no other job of their lane runs before (see the module docstring)."""
-        return self.filter(~Exists(holders_in_lane()) & (Q(status__in=HOLDING) | ~Exists(ahead())))
+        return self.filter(lane_head())
 
     def claimable(self) -> JobQuerySet:
         """What a worker may take now: due lane heads (too old ones included: the worker
         records them expired, so that their lane moves on)."""
-        return self.due().lane_heads()
+        return self.filter(claimable())
 
     def suspects(self) -> JobQuerySet:
         """Jobs whose last claim ended without an outcome: they are claimed alone next time."""
@@ -96,6 +96,14 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 def _from_now(column: str) -> ExpressionWrapper:
     return ExpressionWrapper(F(column) - Now(), output_field=DurationField())
+
+
+def lane_head() -> Q:
+    return ~Q(holders_in_lane()) & (Q(status__in=HOLDING) | ~Q(ahead()))
+
+
+def claimable() -> Q:
+    return Q(status__in=CLAIMABLE, run_after__lte=Now()) & lane_head()
 
 
 def too_old() -> Q:

@@ -23,6 +23,7 @@ from django.db.models import BooleanField, Case, Exists, F, OuterRef, Q, Value, 
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
+from . import job_query
 from .conf import tombstone_settings
 from .exceptions import LeaseLost
 from .models import Job, JobEvent
@@ -103,8 +104,8 @@ def claim(
     it saw) unless ``whole``. A job whose last claim ended without an outcome (a crash) is taken
     alone, so that a job that kills its worker is told apart from its batch-mates. The UPDATE
     repeats every condition, and the unique running-lane index is the last word. A ``whole``
-    claim also takes its lanes' next queued jobs (:func:`_take_followers`). Returns None when
-    nothing is due.
+    claim also reserves its lanes' next queued jobs in the same statement (:func:`_followers`).
+    Returns None when nothing is due.
     """
     db = using or router.db_for_write(Job)
     rows = Job.objects.using(db).select_related("content_type").annotate(too_old=_too_old())
@@ -119,15 +120,25 @@ def claim(
     else:
         share = limit if whole else max(1, min(limit, math.ceil(len(seen) / max(workers, 1))))
         chosen = [job for job in seen if not _suspect(job)][:share]
+    followers = _followers(rows, chosen, limit) if whole and ids is None else []
     token, wid = uuid.uuid4().hex, worker_id()
-    take = Job.objects.using(db).claimable().filter(pk__in=[job.pk for job in chosen])
+    head_ids = [job.pk for job in chosen]
+    mine = [*head_ids, *(job.pk for job in followers)]
+    # One statement claims the heads (running, leased) and reserves their lanes' followers
+    # (queued, this token; nobody else can take them while their head holds the lane).
+    take = Job.objects.using(db).filter(
+        (Q(pk__in=head_ids) & job_query.claimable())
+        | Q(pk__in=[job.pk for job in followers], status=Status.QUEUED, claim_token="")
+        & ~Q(_queued_before(exclude=mine))
+    )
+    is_head = Q(pk__in=head_ids)
     values = {
-        "status": Status.RUNNING,
+        "status": Case(When(is_head, then=Value(Status.RUNNING)), default=F("status")),
+        "lease_expires_at": Case(When(is_head, then=lease_until()), default=None),
         "owner": wid,
         "claim_token": token,
         "attempts": F("attempts") + 1,
         "started_at": Now(),
-        "lease_expires_at": lease_until(),
         "sending_at": None,
     }
     try:
@@ -135,62 +146,62 @@ def claim(
     except IntegrityError:
         # The unique running-lane index refused a second running job of a lane: look again.
         return Claim(token, wid, db, [], left=len(seen))
-    if matched == len(chosen):
-        jobs = chosen
+    if matched == len(mine):
+        for job in chosen:
+            job.status = Status.RUNNING
+        jobs = [*chosen, *followers]
         for job in jobs:
-            job.status, job.claim_token, job.owner = Status.RUNNING, token, wid
+            job.claim_token, job.owner = token, wid
             job.attempts += 1
     else:  # another worker took some of them meanwhile
-        jobs = list(
-            rows.filter(claim_token=token, status=Status.RUNNING).order_by("queued_at", "id")
-        )
-    taken = Claim(token, wid, db, jobs, left=len(seen) - len(jobs))
-    if whole and ids is None and jobs and not _suspect(jobs[0]):
-        taken.jobs = sorted([*jobs, *_take_followers(taken, rows, limit)], key=_place)
-    return taken
+        jobs = _read_back(rows, token, db)
+    return Claim(
+        token,
+        wid,
+        db,
+        sorted(jobs, key=_place),
+        left=len(seen) - sum(job.status == Status.RUNNING for job in jobs),
+    )
 
 
-def _take_followers(claim: Claim, rows: Any, limit: int) -> list[Job]:
-    """The claimed heads' lanes' next queued jobs, reserved for this claim (at most ``limit``).
+def _followers(rows: Any, heads: Sequence[Job], limit: int) -> list[Job]:
+    """The next queued jobs of the heads' lanes (at most ``limit``): lane followers.
 
-    A follower stays ``queued`` (a lane has one running job, its head) with this claim's token
-    and one more attempt: nobody else can take it while its head holds the lane, and it runs in
-    the same group, after its head, on the record as the head left it. Its outcome is recorded
-    with the others'; if its turn does not come, it is given back.
+    A follower stays ``queued`` (a lane has one running job, its head) with the claim's token and
+    one more attempt, and runs in its head's group, after it, on the record as the head left it.
+    Its outcome is recorded with the others'; if its turn does not come, it is given back.
     """
-    lanes = {job.lane for job in claim.jobs if not job.external}
+    if not heads or _suspect(heads[0]):
+        return []
+    lanes = {job.lane for job in heads if not job.external}
     if not lanes:
         return []
-    heads = [job.pk for job in claim.jobs]
     queued = rows.filter(lane__in=lanes, status=Status.QUEUED, run_after__lte=Now(), external=False)
-    candidates = list(queued.exclude(pk__in=heads).order_by("queued_at", "id")[:limit])
-    if not candidates:
-        return []
-    # Next in its lane: no queued job of the lane placed before it but outside this claim.
-    mine = [*heads, *(job.pk for job in candidates)]
+    return list(queued.exclude(pk__in=[j.pk for j in heads]).order_by("queued_at", "id")[:limit])
+
+
+def _queued_before(*, exclude: Sequence[int]) -> Exists:
+    """A queued job of the outer job's lane placed before it, other than ``exclude``."""
     before = Q(queued_at__lt=OuterRef("queued_at")) | Q(
         queued_at=OuterRef("queued_at"), id__lt=OuterRef("id")
     )
-    skipped = Exists(
-        Job.objects.filter(before, lane=OuterRef("lane"), status=Status.QUEUED).exclude(pk__in=mine)
+    return Exists(
+        Job.objects.filter(before, lane=OuterRef("lane"), status=Status.QUEUED).exclude(
+            pk__in=list(exclude)
+        )
     )
-    reserve = (
-        Job.objects.using(claim.using)
-        .filter(pk__in=[job.pk for job in candidates], status=Status.QUEUED, claim_token="")
-        .filter(~skipped)
-    )
-    values = {
-        "owner": claim.worker,
-        "claim_token": claim.token,
-        "attempts": F("attempts") + 1,
-        "started_at": Now(),
-    }
-    if _update(claim.using, reserve, values) == len(candidates):
-        for job in candidates:
-            job.claim_token, job.owner = claim.token, claim.worker
-            job.attempts += 1
-        return candidates
-    return list(rows.filter(claim_token=claim.token, status=Status.QUEUED))
+
+
+def _read_back(rows: Any, token: str, db: str) -> list[Job]:
+    """What a partly matched claim took; followers whose head it did not get go back."""
+    jobs = list(rows.filter(claim_token=token, status__in=HELD))
+    led = {job.lane for job in jobs if job.status == Status.RUNNING}
+    stray = [job.pk for job in jobs if job.status == Status.QUEUED and job.lane not in led]
+    if stray:
+        Job.objects.using(db).filter(pk__in=stray, claim_token=token, status=Status.QUEUED).update(
+            claim_token="", attempts=F("attempts") - 1
+        )
+    return [job for job in jobs if job.pk not in stray]
 
 
 def _update(db: str, qs: Any, values: dict[str, Any]) -> int:
@@ -443,9 +454,15 @@ def release(
 
 
 def crash_outcome(job: Job, error_class: str = "") -> Outcome:
-    """A claim of ``job`` that ended without an outcome: retried, or failed once capped."""
+    """A claim of ``job`` that ended without an outcome: retried, or failed once capped.
+
+    A lane follower goes back to its place, behind the jobs of its lane given back with it (a
+    retry would hold the lane ahead of them).
+    """
     if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
         return Outcome(job, Status.FAILED, Reason.CRASHED, error_class=error_class)
+    if job.status == Status.QUEUED:
+        return Outcome(job, Status.QUEUED, Reason.CRASHED, error_class=error_class)
     delay = tombstone_settings.backoff(job.attempts)
     return Outcome(job, Status.RETRY_WAIT, Reason.CRASHED, error_class=error_class, retry_in=delay)
 

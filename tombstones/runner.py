@@ -62,18 +62,22 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
     deadline = time.monotonic() + seconds if seconds is not None else None
     outcomes: list[Outcome] = []
     wakeups.helper_arrived()
-    # Opened before the first look: an enqueue that finds the gate armed from now on armed it
-    # after this look began, and its message starts another pump (see tombstones.wakeups).
-    wakeups.open_gate()
     quick: bool | None = None  # unknown until this wake-up's first claim ran
+    opened = False
     while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
         workers = cluster_workers()
         claim = ledger.claim(
             min(size, budget - len(outcomes)), workers=workers, whole=bool(quick), using=db
         )
         if claim is None:
+            if not opened and wakeups.open_gate():
+                # Nothing due: open the gate, then look once more, so that a job whose enqueue
+                # found the gate armed (it committed before this open) is seen.
+                opened = True
+                continue
             alarms.arm_next(db)
             return outcomes
+        opened = False
         # Work left to the others: a helper message, unless this worker's quick handlers will
         # drain it sooner alone (then only for a full batch).
         if claim.left and (not quick or claim.left >= size):

@@ -5,11 +5,13 @@ finds, so one message serves all the jobs queued meanwhile. An enqueue sends a m
 no pump is certain to look after the job committed:
 
 - with django-q2's Redis broker, a *gate* (a Redis key next to the queue): the enqueue that arms
-  it (``SET NX``) sends the message, and the pump that message starts opens it (``DEL``) before
-  its first look. An enqueue that finds the gate armed committed after it was armed, so after
-  its message was sent: that message's pump has not looked yet and will see the job. The gate
-  expires (``GATE_TTL``): a message lost or a pump killed before it opened the gate costs at most
-  that long, and a replacement worker opens it at its start (:mod:`tombstones.alarms`);
+  it (``SET NX``) sends the message; a pump that finds nothing due opens it (``DEL``) and looks
+  once more before it stops. An enqueue that finds the gate armed committed before that last
+  look, so the job is seen. While a pump runs, enqueues send nothing: one worker drains what
+  its quick handlers can; a claim that runs long opens the gate and calls a helper for whatever
+  is due meanwhile (:mod:`tombstones.keeper`). The gate expires (``GATE_TTL``): a message lost or
+  a pump killed holding it costs at most that long, and a replacement worker opens it at its
+  start (:mod:`tombstones.alarms`);
 - with any other broker (the ORM broker polls), one of our messages still waiting in the queue:
   its pump will look after the job committed. Other tasks sharing the queue do not count.
 
@@ -102,9 +104,12 @@ def wake_soon(reason: int | None = None) -> str | None:
     return sent
 
 
-def open_gate() -> None:
-    """Pump side, before its first look: the next enqueue sends a message again."""
-    _release("gate")
+def open_gate() -> bool:
+    """Pump side, when it found nothing due: the next enqueue sends a message again.
+
+    True if there is a gate (Redis): the pump must then look once more.
+    """
+    return _release("gate")
 
 
 def call_helper(reason: int | None = None) -> None:
@@ -169,15 +174,16 @@ def _take(name: str) -> bool:
         return True
 
 
-def _release(name: str) -> None:
-    """Delete the key (Redis); nothing to do with any other broker."""
+def _release(name: str) -> bool:
+    """Delete the key: True with Redis, False with any other broker (nothing to do)."""
     if runs_in_sync():
-        return
+        return False
     found = broker()
     client = _redis(found)
     if client is None:
-        return
+        return False
     try:
         client.delete(_key(found, name))
     except Exception:  # noqa: BLE001 - the key expires by itself
         logger.warning("could not delete the wake-up %s key; it expires in %s ms", name, GATE_TTL)
+    return True

@@ -177,3 +177,22 @@ def _carried(job_id: int) -> list[str]:
         rows = result.get("carried", []) if isinstance(result, dict) else []
         found += [str(row[1]) for row in rows if row[0] == job_id]
     return found
+
+
+def test_engine__a_job_due_while_a_long_claim_runs_goes_to_another_worker() -> None:
+    """One worker holds a 3 s handler; a job of another lane enqueued meanwhile runs on the other
+    worker at once (the long claim opens the wake-up gate and calls a helper). On SQLite the
+    slow handler's transaction holds the database's write lock: there the quick job waits."""
+    with broker_cluster(2):
+        slow = enqueue(
+            "stress.apply", entity("SLOW"), params={"delay_ms": 3000, "delay_min_ms": 3000}
+        )
+        wait_for(lambda: Job.objects.filter(pk=slow.pk, status=Status.RUNNING).exists())
+        quick = enqueue("stress.apply", entity("QUICK"))
+        wait_for(lambda: finished(slow, quick), timeout=30)
+    if connection.vendor != "postgresql":
+        return
+    assert _took(quick) < 2.0
+    slow.refresh_from_db()
+    quick.refresh_from_db()
+    assert quick.finished_at < slow.finished_at

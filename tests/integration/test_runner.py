@@ -625,17 +625,24 @@ def test_followers__a_follower_that_exits_is_charged_its_head_is_not(
         assert [j.pk for j in taken.jobs] == [head.pk, poison.pk]
         with pytest.raises(SystemExit):
             runner.run_claim(taken)
+        head.refresh_from_db()
+        poison.refresh_from_db()
+        snapshot = (head.status, head.attempts, poison.status, poison.reason, poison.attempts)
+        with pytest.raises(SystemExit):
+            runner.pump()  # the head first (it succeeds), then the poison job, alone
+    assert snapshot == (Status.QUEUED, 0, Status.QUEUED, Reason.CRASHED, 1)
+    # The group rolled back: the head was given back uncharged; the follower that exited kept
+    # its attempt and went back to its place behind the head (a retry would have held the lane
+    # ahead of it), to be claimed alone.
     head.refresh_from_db()
     poison.refresh_from_db()
-    # The group rolled back: the head is given back uncharged, the follower that exited keeps
-    # its attempt and waits to be retried.
-    assert (head.status, head.attempts) == (Status.QUEUED, 0)
+    assert (head.status, head.attempts) == (Status.SUCCEEDED, 1)
     assert (poison.status, poison.reason, poison.attempts) == (
         Status.RETRY_WAIT,
         Reason.CRASHED,
-        1,
+        2,
     )
-    assert Customer.objects.get(pk=customer.pk).version == 1
+    assert Customer.objects.get(pk=customer.pk).version == 2
 
 
 def test_followers__of_a_dead_worker_are_given_back_with_its_head(queued: Any) -> None:
