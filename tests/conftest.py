@@ -22,3 +22,12 @@ def postgres_only(db: None) -> None:
 def _q_sync(settings: object) -> None:
     # Jobs run inline after commit unless a test starts a real cluster.
     settings.TOMBSTONES_Q_OPTIONS = {"sync": True}  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_worker_memory() -> None:
+    # A worker remembers whether its last claim ran quickly (the next claim's size): each test
+    # starts as a fresh worker.
+    from tombstones import runner
+
+    runner._quick.clear()

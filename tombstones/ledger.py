@@ -112,6 +112,12 @@ def claim(
     heads = rows.claimable()
     if ids is not None:
         heads = heads.filter(pk__in=list(ids))
+    if whole and ids is None:
+        # Whether the lane has a job queued behind: only then look for followers.
+        behind = Job.objects.filter(lane=OuterRef("lane"), status=Status.QUEUED).exclude(
+            pk=OuterRef("pk")
+        )
+        heads = heads.annotate(more=Exists(behind))
     seen = list(heads.order_by("queued_at", "id")[: limit * max(workers, 1)])
     if not seen:
         return None
@@ -173,10 +179,12 @@ def _followers(rows: Any, heads: Sequence[Job], limit: int) -> list[Job]:
     """
     if not heads or _suspect(heads[0]):
         return []
-    lanes = {job.lane for job in heads if not job.external}
+    lanes = {job.lane for job in heads if not job.external and getattr(job, "more", False)}
     if not lanes:
         return []
-    queued = rows.filter(lane__in=lanes, status=Status.QUEUED, run_after__lte=Now(), external=False)
+    queued = rows.filter(
+        lane__in=lanes, status=Status.QUEUED, run_after__lte=Now(), external=False
+    ).exclude(reason__in=SUSPECT)  # a suspect is claimed alone
     return list(queued.exclude(pk__in=[j.pk for j in heads]).order_by("queued_at", "id")[:limit])
 
 
@@ -215,8 +223,12 @@ def _place(job: Job) -> tuple[Any, int]:
     return (job.queued_at, job.pk)
 
 
+# Reasons of a job whose last claim ended without an outcome.
+SUSPECT = (Reason.LEASE_EXPIRED, Reason.CRASHED)
+
+
 def _suspect(job: Job) -> bool:
-    return job.reason in (Reason.LEASE_EXPIRED, Reason.CRASHED)
+    return job.reason in SUSPECT
 
 
 def renew(tokens: Iterable[str], *, using: str | None = None) -> int:

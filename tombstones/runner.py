@@ -6,16 +6,18 @@ each, external jobs one by one), and claims again until nothing is due. A claim'
 kept alive for as long as the worker holds it (:mod:`tombstones.keeper`). Nothing else runs a
 job: a batch of one is the same road with n = 1.
 
-How much one worker takes: its share of the due heads (1/workers) at first, and a helper message
-wakes another worker for the rest; all it sees (up to the batch size) while its handlers are
-quick (its last claim's jobs took under ``QUICK_JOB_SECONDS`` each: one worker running them back
-to back in one transaction beats several splitting them). A claim still running after
+How much one worker takes: all it sees (up to the batch size, and its lanes' next jobs) while its
+handlers are quick (its last claim's jobs took under ``QUICK_JOB_SECONDS`` each: one worker
+running them back to back in one transaction beats several splitting them); otherwise, and at
+first, its share of the due heads (1/workers), and a helper message wakes another worker for the
+rest. A claim still running after
 ``phases.GROUP_SECONDS`` gives the jobs it has not started back to the queue for the others.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -31,6 +33,10 @@ from .signals import job_claimed
 logger = logging.getLogger("tombstones")
 
 QUICK_JOB_SECONDS = 0.01
+
+# Whether this process's last claim ran quickly (keyed by pid: workers are forked). Only the
+# size of the next claim depends on it, never the road its jobs take.
+_quick: dict[int, bool] = {}
 
 
 def cluster_workers() -> int:
@@ -62,7 +68,7 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
     deadline = time.monotonic() + seconds if seconds is not None else None
     outcomes: list[Outcome] = []
     wakeups.helper_arrived()
-    quick: bool | None = None  # unknown until this wake-up's first claim ran
+    quick = _quick.get(os.getpid())  # how this process's last claim ran
     opened = False
     while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
         workers = cluster_workers()
@@ -83,6 +89,7 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
         if claim.left and (not quick or claim.left >= size):
             wakeups.call_helper()
         ran, quick = run_claim(claim, workers=workers, deadline=deadline)
+        _quick[os.getpid()] = quick
         outcomes += ran
     # Budget spent with work left: hand it to another message rather than hog this worker.
     wakeups.wake_soon()
