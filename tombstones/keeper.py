@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from datetime import timedelta
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,9 @@ class LeaseKeeper:
     @staticmethod
     def call_help(db: str) -> None:
         """A claim runs long: enqueues send messages again, and what is due goes to a helper."""
+        from django.db.models import Value
+        from django.db.models.functions import Now
+
         from .alarms import _in_cluster_worker
         from .models import Job
         from .wakeups import call_helper, open_gate
@@ -98,8 +102,9 @@ class LeaseKeeper:
             return  # nothing else would run it here (tests, commands driving the phases)
         try:
             open_gate()
-            if Job.objects.using(db).claimable().exists():
-                call_helper()
+            waiting = Now() - Value(timedelta(seconds=WATCH_SECONDS))
+            if Job.objects.using(db).claimable().filter(run_after__lt=waiting).exists():
+                call_helper()  # a job has been due this long, and this worker is busy
         except Exception as exc:  # noqa: BLE001 - timers and the sweep remain
             logger.warning("could not call a helper for a long claim (%s)", type(exc).__name__)
         finally:

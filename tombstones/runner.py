@@ -32,7 +32,7 @@ from .signals import job_claimed
 
 logger = logging.getLogger("tombstones")
 
-QUICK_JOB_SECONDS = 0.01
+QUICK_JOB_SECONDS = 0.03
 
 # Whether this process's last claim ran quickly (keyed by pid: workers are forked). Only the
 # size of the next claim depends on it, never the road its jobs take.
