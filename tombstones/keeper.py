@@ -15,8 +15,8 @@ import logging
 import os
 import threading
 import time
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
