@@ -62,9 +62,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(lane_head())
 
     def claimable(self) -> JobQuerySet:
-        """What a worker may take now: due lane heads (too old ones included: the worker
-        records them expired, so that their lane moves on)."""
+        """What a worker may take now: due lane heads not reserved by a claim (too old ones
+        included: the worker records them expired, so that their lane moves on)."""
         return self.filter(claimable())
+
+    def orphaned(self) -> JobQuerySet:
+        """Lane followers reserved by a claim that holds no running job any more: a worker that
+        died between its heads' outcomes and giving its followers back."""
+        holder = self.model.objects.filter(claim_token=OuterRef("claim_token"), status=RUNNING)
+        return self.filter(status=QUEUED).exclude(claim_token="").exclude(Exists(holder))
 
     def suspects(self) -> JobQuerySet:
         """Jobs whose last claim ended without an outcome: they are claimed alone next time."""
@@ -103,7 +109,8 @@ def lane_head() -> Q:
 
 
 def claimable() -> Q:
-    return Q(status__in=CLAIMABLE, run_after__lte=Now()) & lane_head()
+    # A queued job with a claim token is a lane follower reserved by a claim: its own.
+    return Q(status__in=CLAIMABLE, run_after__lte=Now(), claim_token="") & lane_head()
 
 
 def too_old() -> Q:

@@ -536,6 +536,11 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
             Job.objects.using(db).filter(claim_token=job.claim_token, status=Status.QUEUED).update(
                 claim_token="", attempts=F("attempts") - 1, reason=Reason.LEASE_EXPIRED
             )
+    # Followers whose claim holds nothing running: its worker died before giving them back (or
+    # is about to: then its own give-back finds nothing to do). Never started, so uncharged.
+    counts["requeued"] += (
+        Job.objects.using(db).orphaned().update(claim_token="", attempts=F("attempts") - 1)
+    )
     return counts
 
 

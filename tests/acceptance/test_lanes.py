@@ -273,11 +273,12 @@ def test_lanes__a_cluster_runs_each_lane_in_order_and_lanes_in_parallel(settings
         wait_for(lambda: not Job.objects.filter(status__in=Job.UNFINISHED).exists(), timeout=90)
     assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
     assert_lane_order(records, jobs)
-    # Two worker processes shared the work.
-    owners = set(Job.objects.values_list("owner", flat=True))
-    assert len(owners) >= 2
     if connection.vendor == "postgresql":
-        # (SQLite serialises writing transactions: there lanes take turns between the workers.)
+        # Two worker processes shared the work. (SQLite serialises writing transactions: a
+        # worker whose handler holds the write lock for 200 ms takes it again at once, and the
+        # other worker's busy-wait seldom gets in between, so there one worker may run them all.)
+        owners = set(Job.objects.values_list("owner", flat=True))
+        assert len(owners) >= 2
         spans = Job.objects.values_list("started_at", "finished_at", "lane")
         overlapping = any(
             a[2] != b[2] and a[0] < b[1] and b[0] < a[1] for a in spans for b in spans

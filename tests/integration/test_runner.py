@@ -645,6 +645,27 @@ def test_followers__a_follower_that_exits_is_charged_its_head_is_not(
     assert Customer.objects.get(pk=customer.pk).version == 2
 
 
+def test_followers__reserved_ones_are_never_taken_by_another_claim(queued: Any) -> None:
+    """A follower stays its claim's until given back: another worker taking it as a head would
+    charge it a second attempt (the defect a two-worker cluster showed: attempts 2, one run)."""
+    lane = _lane_of(2)
+    first = ledger.claim(20, whole=True)
+    assert first is not None
+    assert [j.pk for j in first.jobs] == [lane[0].pk, lane[1].pk]
+    with transaction.atomic():
+        ledger.record(first, [ledger.Outcome(first.jobs[0], Status.SUCCEEDED)])
+    # The head is done; its follower is still reserved by the first claim.
+    assert ledger.claim(20, whole=True) is None
+    assert ledger.claim(20) is None
+    # Its worker dies before giving it back: the take-back returns it, uncharged.
+    assert ledger.take_back_lapsed()["requeued"] == 1
+    row = Job.objects.get(pk=lane[1].pk)
+    assert (row.status, row.attempts, row.claim_token) == (Status.QUEUED, 0, "")
+    second = ledger.claim(20, whole=True)
+    assert second is not None
+    assert [(j.pk, j.attempts) for j in second.jobs] == [(lane[1].pk, 1)]
+
+
 def test_followers__of_a_dead_worker_are_given_back_with_its_head(queued: Any) -> None:
     lane = _lane_of(3)
     dead = ledger.claim(20, whole=True)
