@@ -538,9 +538,15 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
             )
     # Followers whose claim holds nothing running: its worker died before giving them back (or
     # is about to: then its own give-back finds nothing to do). Never started, so uncharged.
-    counts["requeued"] += (
-        Job.objects.using(db).orphaned().update(claim_token="", attempts=F("attempts") - 1)
-    )
+    # (Looked for first: an UPDATE would wait for SQLite's write lock even when none is found.)
+    orphans = list(Job.objects.using(db).orphaned().values_list("pk", flat=True)[:limit])
+    if orphans:
+        counts["requeued"] += (
+            Job.objects.using(db)
+            .orphaned()
+            .filter(pk__in=orphans)
+            .update(claim_token="", attempts=F("attempts") - 1)
+        )
     return counts
 
 
