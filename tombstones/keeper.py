@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
@@ -85,13 +84,23 @@ class LeaseKeeper:
                     self._held[token] = (db, renew_at, watch_at)
             if renew:
                 self.renew(renew)
-            for db in set(watch.values()):
-                self.call_help(db)
+            again = {db: self.call_help(db) for db in set(watch.values())}
+            with self._changed:
+                for token, db in watch.items():
+                    # A job due too briefly to call help for yet: look again when it is not.
+                    entry, delay = self._held.get(token), again[db]
+                    if entry is not None and delay is not None:
+                        self._held[token] = (db, entry[1], time.monotonic() + delay)
 
     @staticmethod
-    def call_help(db: str) -> None:
-        """A claim runs long: enqueues send messages again, and what is due goes to a helper."""
-        from django.db.models import Value
+    def call_help(db: str) -> float | None:
+        """A claim runs long: enqueues send messages again, and what is due goes to a helper.
+
+        A job enqueued while the gate was closed has no message of its own: once it has been due
+        for ``WATCH_SECONDS`` (sooner, this worker's claim may end and take it), a helper is
+        called. Returns in how many seconds to look again, or None.
+        """
+        from django.db.models import DurationField, ExpressionWrapper, F
         from django.db.models.functions import Now
 
         from .alarms import _in_cluster_worker
@@ -99,14 +108,27 @@ class LeaseKeeper:
         from .wakeups import call_helper, open_gate
 
         if not _in_cluster_worker():
-            return  # nothing else would run it here (tests, commands driving the phases)
+            return None  # nothing else would run it here (tests, commands driving the phases)
         try:
             open_gate()
-            waiting = Now() - Value(timedelta(seconds=WATCH_SECONDS))
-            if Job.objects.using(db).claimable().filter(run_after__lt=waiting).exists():
+            waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
+            oldest = (
+                Job.objects.using(db)
+                .claimable()
+                .annotate(waited=waited)
+                .order_by("run_after")
+                .values_list("waited", flat=True)
+                .first()
+            )
+            if oldest is None:
+                return None  # what is enqueued from now on sends its own message
+            if oldest.total_seconds() >= WATCH_SECONDS:
                 call_helper()  # a job has been due this long, and this worker is busy
+                return None
+            return WATCH_SECONDS - max(oldest.total_seconds(), 0.0)
         except Exception as exc:  # noqa: BLE001 - timers and the sweep remain
             logger.warning("could not call a helper for a long claim (%s)", type(exc).__name__)
+            return None
         finally:
             connections.close_all()
 
