@@ -55,6 +55,10 @@ STEP = 34
 ROW = 30
 TOP = 64
 RIGHT_LABEL = 260
+# The drawing is scaled to the page width (viewBox, width 100%); a long history gets narrower
+# steps first, so the labels stay legible on a 1280 px screen.
+FIT_WIDTH = 1100
+MIN_STEP = 6
 HANDLER_CHARS = 36  # longer handler names are shortened in the picture (the table has them)
 
 
@@ -250,10 +254,12 @@ def _picture(
     axis = sorted(moments)
     slot = {moment: i for i, moment in enumerate(axis)}
 
-    def x(moment: datetime) -> int:
-        return LEFT + STEP // 2 + slot[moment] * STEP
+    step = max(MIN_STEP, min(STEP, (FIT_WIDTH - LEFT - RIGHT_LABEL) // len(axis)))
 
-    width = LEFT + STEP * len(axis) + RIGHT_LABEL
+    def x(moment: datetime) -> int:
+        return LEFT + step // 2 + slot[moment] * step
+
+    width = LEFT + step * len(axis) + RIGHT_LABEL
     bands = []
     for i, gen in enumerate(generations):
         start = gen.first
@@ -265,10 +271,10 @@ def _picture(
         else:
             end = now
         x1, x2 = x(start), x(end)
-        band_width = max(x2 - x1 + STEP - 4, STEP - 4)
+        band_width = max(x2 - x1 + step - 4, step - 4, 4)
         bands.append(
             {
-                "x": x1 - STEP // 2 + 2,
+                "x": x1 - step // 2 + 2,
                 "width": band_width,
                 "label": f"generation {gen.number}" if band_width >= 110 else f"g{gen.number}",
                 "colour": gen.colour,
