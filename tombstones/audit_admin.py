@@ -184,7 +184,7 @@ class JobAdmin(AuditColumns):
     list_per_page = 50
     _job_fields = ("id", "handler", "record", "lane", "status", "reason_code", "error_class")
     _fence_fields = ("snapshot", "found", "external", "idempotency_key")
-    _attempt_fields = ("attempts", "rereads", "owner", "q_task_id")
+    _attempt_fields = ("attempts", "rereads", "owner_while_claimed")
     _time_fields = (
         "created",
         "run_after_time",
@@ -217,6 +217,12 @@ class JobAdmin(AuditColumns):
     @admin.display(description="snapshot")
     def snapshot(self, obj: Job) -> str:
         return _gv(obj.generation, obj.version)
+
+    @admin.display(description="owner")
+    def owner_while_claimed(self, obj: Job) -> str:
+        # The worker holding the lease; once the job is no longer running nobody holds it (the
+        # column keeps the last holder, which the event table shows per event).
+        return obj.owner if obj.status == Job.Status.RUNNING and obj.owner else "-"
 
     @admin.display(description="status", ordering="status")
     def status_reason(self, obj: Job) -> str:
@@ -316,7 +322,7 @@ class JobAdmin(AuditColumns):
                     request, "Nothing changed: the confirmation was not valid.", messages.ERROR
                 )
                 return HttpResponseRedirect(job_url)
-            if staff_action.perform(job, seen):
+            if staff_action.perform(job, seen, operations.staff_ref(request.user.pk)):
                 self.log_change(
                     request,
                     job,

@@ -34,7 +34,8 @@ class StaffAction:
     title: str  # the button
     explanation: str  # the confirmation page says exactly what will happen
     from_status: tuple[str, ...]  # the job must still be in one of these when confirmed
-    perform: Callable[[Job, str], bool]  # (job, status seen on the confirmation page) -> applied
+    # (job, status seen on the confirmation page, who decided) -> applied
+    perform: Callable[[Job, str, str], bool]
 
 
 def _lane_head_only() -> Q:
@@ -55,19 +56,24 @@ def _after_commit(job: Job, func: Callable[[], object]) -> None:
     transaction.on_commit(func, using=job._state.db)
 
 
+def staff_ref(user_pk: object) -> str:
+    """Who took a staff decision, as its JobEvent's ``worker``: the user's id, no name."""
+    return f"staff:{user_pk}"
+
+
 def _wake_next(job: Job) -> None:
     # Its lane's next job may be due now.
     _after_commit(job, partial(wake_soon, job.pk))
 
 
-def resolve_delivered(job: Job, seen: str) -> bool:
+def resolve_delivered(job: Job, seen: str, by: str = "") -> bool:
     """Staff checked the external system: the call landed. The job becomes a success."""
     return ledger.transition(
-        job, Status.SUCCEEDED, Reason.NONE, from_status=(seen,), event=Event.RESOLVED
+        job, Status.SUCCEEDED, Reason.NONE, from_status=(seen,), event=Event.RESOLVED, by=by
     )
 
 
-def resolve_resend(job: Job, seen: str) -> bool:
+def resolve_resend(job: Job, seen: str, by: str = "") -> bool:
     """Staff checked: the call did not land. Queue the SAME job again, once; same idempotency key.
 
     The worker repeats the whole check before sending, so a record deleted meanwhile is still
@@ -79,6 +85,7 @@ def resolve_resend(job: Job, seen: str) -> bool:
         Reason.OUTCOME_UNKNOWN,  # why it runs again; the worker clears it when it claims
         from_status=(seen,),
         event=Event.RESOLVED,
+        by=by,
         extra_filter=_never_resent(),
         finished_at=None,
         sending_at=None,
@@ -91,7 +98,7 @@ def resolve_resend(job: Job, seen: str) -> bool:
     return applied
 
 
-def resolve_abandon(job: Job, seen: str) -> bool:
+def resolve_abandon(job: Job, seen: str, by: str = "") -> bool:
     """Staff checked: the call did not land, and it must not be sent again."""
     return ledger.transition(
         job,
@@ -99,36 +106,38 @@ def resolve_abandon(job: Job, seen: str) -> bool:
         Reason.CANCELLED_BY_STAFF,
         from_status=(seen,),
         event=Event.RESOLVED,
+        by=by,
     )
 
 
-def resume(job: Job, seen: str) -> bool:
+def resume(job: Job, seen: str, by: str = "") -> bool:
     """A paused job goes back to the queue; its check runs again from scratch."""
     applied = ledger.transition(
-        job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED
+        job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED, by=by
     )
     if applied:
         _after_commit(job, partial(wake_soon, job.pk))
     return applied
 
 
-def cancel(job: Job, seen: str) -> bool:
+def cancel(job: Job, seen: str, by: str = "") -> bool:
     """A queued (or retry-waiting) job will not run; its lane moves on."""
-    return _cancel(job, seen, Event.CANCELLED)
+    return _cancel(job, seen, Event.CANCELLED, by)
 
 
-def skip_head(job: Job, seen: str) -> bool:
+def skip_head(job: Job, seen: str, by: str = "") -> bool:
     """The blocked head of a lane is cancelled so the jobs behind it can run."""
-    return _cancel(job, seen, Event.SKIPPED, extra_filter=_lane_head_only())
+    return _cancel(job, seen, Event.SKIPPED, by, extra_filter=_lane_head_only())
 
 
-def _cancel(job: Job, seen: str, event: str, extra_filter: Q | None = None) -> bool:
+def _cancel(job: Job, seen: str, event: str, by: str, extra_filter: Q | None = None) -> bool:
     applied = ledger.transition(
         job,
         Status.CANCELLED,
         Reason.CANCELLED_BY_STAFF,
         from_status=(seen,),
         event=event,
+        by=by,
         extra_filter=extra_filter,
         lease_expires_at=None,
     )

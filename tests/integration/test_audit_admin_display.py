@@ -11,9 +11,11 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.factories import CustomerFactory
-from tests.jobkit import STAFF_CODENAMES, run
+from tests.jobkit import STAFF_CODENAMES, claim, run
+from tests.jobkit import record as record_outcome
 from tombstones.dispatch import enqueue
-from tombstones.models import Job
+from tombstones.ledger import worker_id
+from tombstones.models import Job, JobEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +70,45 @@ def test_times__lists_detail_and_event_tables_share_one_format_with_seconds(
     # The job's own times (created, started, finished) and each of its events.
     assert len(ONE_FORMAT.findall(detail)) >= 3 + job.events.count()
     assert Job.objects.count() == 2
+
+
+def _field(html: str, name: str) -> str:
+    """The text of one read-only field of the job page."""
+    match = re.search(rf'field-{name}\b.*?<div class="readonly">(.*?)</div>', html, re.S)
+    assert match, name
+    return match.group(1).strip()
+
+
+def test_q_task_id__is_gone_from_the_model_and_the_job_page(staff_client: Client) -> None:
+    assert "q_task_id" not in {f.name for f in Job._meta.get_fields()}
+    job = enqueue("customers.update_sheet_row", CustomerFactory())
+    html = _page(staff_client, reverse("admin:tombstones_job_change", args=(job.pk,)))
+    assert "q_task_id" not in html
+    assert "Q task id" not in html
+
+
+def test_owner__shown_while_the_job_is_claimed_only(staff_client: Client) -> None:
+    job = enqueue("customers.update_sheet_row", CustomerFactory())
+    url = reverse("admin:tombstones_job_change", args=(job.pk,))
+    held = claim(job)
+    owner = Job.objects.get(pk=job.pk).owner
+    assert owner
+    assert _field(_page(staff_client, url), "owner_while_claimed") == owner
+    record_outcome(held, Job.Status.SUCCEEDED)
+    assert Job.objects.get(pk=job.pk).owner == owner  # the column keeps the last holder
+    assert _field(_page(staff_client, url), "owner_while_claimed") == "-"
+
+
+def test_staff_decision__its_event_names_the_staff_user_by_id(
+    staff_client: Client, staff: User
+) -> None:
+    job = enqueue("customers.update_sheet_row", CustomerFactory())
+    url = reverse("admin:tombstones_job_act", args=(job.pk, "cancel"))
+    response = staff_client.post(url, {"confirm": "yes", "seen_status": "queued"})
+    assert response.status_code == 302
+    event = JobEvent.objects.get(job=job, event=JobEvent.Event.CANCELLED)
+    assert event.worker == f"staff:{staff.pk}"
+    html = _page(staff_client, reverse("admin:tombstones_job_change", args=(job.pk,)))
+    assert f"staff:{staff.pk}" in html
+    assert worker_id() not in html  # not this web server's process
+    assert staff.username not in event.worker
