@@ -521,6 +521,12 @@ class RejectionAdmin(AuditColumns):
     ) -> tuple[QuerySet[Rejection], bool]:
         return search_ids(queryset, search_term, "job_id"), False
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The page keeps its name; its counter reads "4 rejections" (the model's plural).
+        return super().changelist_view(request, {"title": "Rejection log", **(extra_context or {})})
+
     timestamp = time_column("created_at", "timestamp")
 
     @admin.display(description="reason", ordering="reason")

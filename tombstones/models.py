@@ -239,7 +239,7 @@ class Rejection(JobEvent):
         proxy = True
         ordering = ("-id",)
         verbose_name = "rejection"
-        verbose_name_plural = "rejection log"
+        verbose_name_plural = "rejections"
 
 
 class Dashboard(Job):

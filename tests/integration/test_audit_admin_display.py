@@ -112,3 +112,23 @@ def test_staff_decision__its_event_names_the_staff_user_by_id(
     assert f"staff:{staff.pk}" in html
     assert worker_id() not in html  # not this web server's process
     assert staff.username not in event.worker
+
+
+def test_rejection_log__counter_reads_n_rejections(staff_client: Client) -> None:
+    for _ in range(4):
+        customer = CustomerFactory()
+        job = enqueue("customers.update_sheet_row", customer)
+        customer.delete()
+        assert run(job).status == Job.Status.REJECTED
+    html = _page(staff_client, reverse("admin:tombstones_rejection_changelist"))
+    assert re.search(r"4\s+rejections\b", html)
+    assert "rejection log" not in html.replace("Rejection log", "")  # never "4 rejection log"
+    assert "<h1>Rejection log</h1>" in html
+    index = _page(staff_client, reverse("admin:app_list", args=("tombstones",)))
+    assert ">Rejections<" in index
+
+
+def test_migrations__match_the_models() -> None:
+    from django.core.management import call_command
+
+    call_command("makemigrations", "tombstones", check=True, dry_run=True, verbosity=0)
