@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from . import dashboard, ledger, operations, timeline
+from .admin_actions import StaffActionsMixin
 from .display import time_html
 from .models import Dashboard, Job, JobEvent, Rejection
 
@@ -162,7 +163,7 @@ class AuditColumns(ReadOnlyAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(AuditColumns):
+class JobAdmin(StaffActionsMixin, AuditColumns):
     # Narrow enough for the three times to show beside the filters at 1280 px: the reason under
     # the status, the snapshot under the record.
     list_display = (
@@ -240,9 +241,11 @@ class JobAdmin(AuditColumns):
 
     @admin.display(description="record", ordering="object_id")
     def record_snapshot(self, obj: Job) -> str:
+        # The reference may wrap after its dot (a narrow column); the snapshot under it.
         return format_html(
-            '{}<br><span class="tg-note">{}</span>',
-            _record_link(obj),
+            '<a href="{}">{}</a><br><span class="tg-note">{}</span>',
+            timeline_url(obj.content_type_id, obj.object_id),
+            _breakable(_record_ref(obj)),
             _gv(obj.generation, obj.version),
         )
 

@@ -206,6 +206,17 @@ ACTIONS: dict[str, StaffAction] = {
 }
 
 
+def why_not(action: StaffAction, job: Job) -> str:
+    """Why ``action`` cannot apply to ``job`` now ("" if it can): ids and statuses only."""
+    if job.status not in action.from_status:
+        return f"its status is {job.status}"
+    if action.slug == "resolve-resend" and was_resent(job):
+        return "it was resent once already"
+    if action.slug == "skip" and not is_lane_head(job):
+        return "it is not the head of its lane"
+    return ""
+
+
 def available(job: Job) -> list[StaffAction]:
     """The actions that make sense for the job's current state (permissions not considered)."""
     found = []
