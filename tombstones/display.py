@@ -8,7 +8,7 @@ attribute for anyone who needs the exact order.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 from django.utils.html import format_html
@@ -42,3 +42,21 @@ def time_html(value: datetime | None) -> SafeString | str:
         local.strftime(DATE_FORMAT),
         local.strftime(TIME_FORMAT),
     )
+
+
+def format_duration(value: timedelta | None) -> str:
+    """A duration in its two largest units: ``3 s``, ``4 min 05 s``, ``2 h 07 min``, ``3 d 04 h``
+    (a dashboard figure; exact to the second)."""
+    if value is None:
+        return EMPTY
+    seconds = max(int(value.total_seconds()), 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours:02d} h"
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {seconds:02d} s"
+    return f"{seconds} s"
