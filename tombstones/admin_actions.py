@@ -19,6 +19,9 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.text import format_lazy
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from . import operations
 from .models import Job
@@ -46,7 +49,9 @@ def _make_action(staff_action: operations.StaffAction) -> Callable[..., Any]:
     act.__name__ = staff_action.slug.replace("-", "_")
     return admin.action(
         permissions=[PERMISSIONS[staff_action.permission]],
-        description=f"{staff_action.title} (selected jobs)",
+        description=format_lazy(
+            gettext_lazy("{action} (selected jobs)"), action=staff_action.title
+        ),
     )(act)
 
 
@@ -83,7 +88,8 @@ class StaffActionsMixin(admin.ModelAdmin):
         if len(jobs) > MAX_SELECTED:
             self.message_user(
                 request,
-                f"Select at most {MAX_SELECTED} jobs for one decision; nothing changed.",
+                _("Select at most %(n)d jobs for one decision; nothing changed.")
+                % {"n": MAX_SELECTED},
                 messages.ERROR,
             )
             return None
@@ -99,7 +105,8 @@ class StaffActionsMixin(admin.ModelAdmin):
                 eligible.append(job)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{staff_action.title}: {len(eligible)} of {len(jobs)} selected jobs",
+            "title": _("%(action)s: %(eligible)d of %(selected)d selected jobs")
+            % {"action": staff_action.title, "eligible": len(eligible), "selected": len(jobs)},
             "opts": self.opts,
             "media": self.media,
             "action": staff_action,
@@ -121,7 +128,7 @@ class StaffActionsMixin(admin.ModelAdmin):
         for job in jobs:
             seen = request.POST.get(f"{SEEN_PREFIX}{job.pk}", "")
             if seen not in staff_action.from_status:
-                skipped["not confirmed in an allowed status"] += 1
+                skipped[_("not confirmed in an allowed status")] += 1
                 continue
             before = job.status
             if staff_action.perform(job, seen, by):
@@ -133,11 +140,16 @@ class StaffActionsMixin(admin.ModelAdmin):
                     + (f" ({job.reason})" if job.reason else ""),
                 )
             else:
-                skipped["changed since the confirmation page"] += 1
+                skipped[_("changed since the confirmation page")] += 1
         level = messages.SUCCESS if done and not skipped else messages.WARNING
-        text = f"{staff_action.title}: done for {len(done)} job(s)"
+        text = _("%(action)s: done for %(n)d job(s)") % {
+            "action": staff_action.title,
+            "n": len(done),
+        }
         if done:
             text += " (" + ", ".join(f"#{pk}" for pk in done) + ")"
         if skipped:
-            text += "; skipped " + "; ".join(f"{n}: {why}" for why, n in sorted(skipped.items()))
+            text += _("; skipped %(list)s") % {
+                "list": "; ".join(f"{n}: {why}" for why, n in sorted(skipped.items()))
+            }
         self.message_user(request, text + ".", level)

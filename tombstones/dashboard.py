@@ -15,8 +15,10 @@ from typing import Any
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Now, TruncDate, TruncHour
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from .conf import tombstone_settings
+from .display import format_time
 from .models import Job, JobEvent
 from .timeline import STATUS_COLOURS
 
@@ -53,13 +55,21 @@ def _why(job: Job, lease_overdue: bool) -> str:
     reason = f" ({job.reason})" if job.reason else ""
     error = f", {job.error_class}" if job.error_class else ""
     if job.status == Status.PAUSED:
-        return f"paused: the record could not be read{reason}"
+        return _("paused: the record could not be read%(reason)s") % {"reason": reason}
     if job.status == Status.RETRY_WAIT:
-        return f"waiting to retry after attempt {job.attempts}{reason}{error}"
+        return _("waiting to retry after attempt %(n)s%(reason)s%(error)s") % {
+            "n": job.attempts,
+            "reason": reason,
+            "error": error,
+        }
     if job.status == Status.RUNNING:
-        return "running, but its lease expired: the worker vanished (the sweep requeues it)"
+        return _("running, but its lease expired: the worker vanished (the sweep requeues it)")
     if lease_overdue:
-        return "queued and due, but no worker took it: the wake-up message may be lost"
+        return _("queued and due, but no worker took it: the wake-up message may be lost")
+    if job.status == Status.QUEUED and job.run_after > timezone.now():
+        return _("not due yet (due at %(at)s); the jobs behind it wait") % {
+            "at": format_time(job.run_after)
+        }
     return f"{job.status}{reason}"
 
 
@@ -134,18 +144,22 @@ def why_waiting(job: Job, now: datetime) -> Waiting:
     """Why a queued, retry-waiting or paused job has not run (ids and statuses only)."""
     if job.status == Status.PAUSED:
         reason = f" ({job.reason})" if job.reason else ""
-        return Waiting(job, "paused", f"paused: the record could not be read{reason}")
+        text = _("paused: the record could not be read%(reason)s") % {"reason": reason}
+        return Waiting(job, "paused", text)
     if job.run_after > now:
-        what = "retry due at" if job.status == Status.RETRY_WAIT else "due at"
+        what = _("retry due at") if job.status == Status.RETRY_WAIT else _("due at")
         return Waiting(job, "delayed", what, at=job.run_after)
     blocker = Job.objects.blocking(job).defer("params").order_by("queued_at", "id").first()
     if blocker is not None:
         return Waiting(
-            job, "behind", f"behind job {blocker.pk} ({blocker.status})", blocker=blocker
+            job,
+            "behind",
+            _("behind job %(job)s (%(status)s)") % {"job": blocker.pk, "status": blocker.status},
+            blocker=blocker,
         )
     if now - job.run_after > tombstone_settings.LEASE:
-        return Waiting(job, "overdue", "overdue: no worker took it; due since", at=job.run_after)
-    return Waiting(job, "due", "due since", at=job.run_after)
+        return Waiting(job, "overdue", _("overdue: no worker took it; due since"), at=job.run_after)
+    return Waiting(job, "due", _("due since"), at=job.run_after)
 
 
 def waiting_jobs(now: datetime) -> tuple[list[Waiting], int]:
@@ -254,7 +268,7 @@ def stacked_chart(
                 "top": top,
                 "label": label(key),
                 "title": f"{_bucket_name(key)}: "
-                + (", ".join(f"{s['n']} {s['status']}" for s in segments) or "none"),
+                + (", ".join(f"{s['n']} {s['status']}" for s in segments) or _("none")),
                 "segments": segments,
             }
         )
@@ -310,7 +324,7 @@ def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
                 "w": bar,
                 "n": n,
                 "label": day.strftime("%m-%d"),
-                "title": f"{day.isoformat()}: {n} rejected",
+                "title": _("%(day)s: %(n)d rejected") % {"day": day.isoformat(), "n": n},
                 "text_x": x + bar // 2,
             }
         )

@@ -15,6 +15,9 @@ from functools import partial
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
+from django.utils.functional import Promise
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from . import job_query, ledger
 from .models import Job, JobEvent
@@ -31,8 +34,8 @@ class StaffAction:
 
     slug: str  # in the URL: /admin/tombstones/job/<id>/act/<slug>/
     permission: str  # codename on tombstones.Job
-    title: str  # the button
-    explanation: str  # the confirmation page says exactly what will happen
+    title: str | Promise  # the button (translatable)
+    explanation: str | Promise  # the confirmation page says exactly what will happen
     from_status: tuple[str, ...]  # the job must still be in one of these when confirmed
     # (job, status seen on the confirmation page, who decided) -> applied
     perform: Callable[[Job, str, str], bool]
@@ -152,53 +155,61 @@ ACTIONS: dict[str, StaffAction] = {
         StaffAction(
             "resolve-delivered",
             "resolve_job",
-            "Resolve: delivered",
-            "You checked the external system and the call landed. The job is marked succeeded; "
-            "nothing is sent.",
+            gettext_lazy("Resolve: delivered"),
+            gettext_lazy(
+                "You checked the external system and the call landed. The job is marked succeeded; "
+                "nothing is sent."
+            ),
             (Status.UNCERTAIN,),
             resolve_delivered,
         ),
         StaffAction(
             "resolve-resend",
             "resolve_job",
-            "Resolve: not delivered, resend once",
-            "You checked the external system and the call did not land. The same job is queued "
-            "once more with the same idempotency key; the worker checks the record again before "
-            "sending. This can be done once per job.",
+            gettext_lazy("Resolve: not delivered, resend once"),
+            gettext_lazy(
+                "You checked the external system and the call did not land. The same job is "
+                "queued once more with the same idempotency key; the worker checks the record "
+                "again before sending. This can be done once per job."
+            ),
             (Status.UNCERTAIN,),
             resolve_resend,
         ),
         StaffAction(
             "resolve-abandon",
             "resolve_job",
-            "Resolve: not delivered, do not resend",
-            "You checked the external system and the call did not land; it must not be sent. "
-            "The job is cancelled.",
+            gettext_lazy("Resolve: not delivered, do not resend"),
+            gettext_lazy(
+                "You checked the external system and the call did not land; it must not be sent. "
+                "The job is cancelled."
+            ),
             (Status.UNCERTAIN,),
             resolve_abandon,
         ),
         StaffAction(
             "resume",
             "resume_job",
-            "Resume",
-            "The paused job is queued again; the worker repeats the whole check.",
+            gettext_lazy("Resume"),
+            gettext_lazy("The paused job is queued again; the worker repeats the whole check."),
             (Status.PAUSED,),
             resume,
         ),
         StaffAction(
             "cancel",
             "cancel_job",
-            "Cancel",
-            "The job will not run. Later jobs of its lane may then run.",
+            gettext_lazy("Cancel"),
+            gettext_lazy("The job will not run. Later jobs of its lane may then run."),
             (Status.QUEUED, Status.RETRY_WAIT),
             cancel,
         ),
         StaffAction(
             "skip",
             "skip_lane_head",
-            "Skip lane head",
-            "This job is the head of its lane and blocks the jobs behind it. It is cancelled and "
-            "the next job of the lane is woken.",
+            gettext_lazy("Skip lane head"),
+            gettext_lazy(
+                "This job is the head of its lane and blocks the jobs behind it. It is cancelled "
+                "and the next job of the lane is woken."
+            ),
             (Status.QUEUED, Status.RETRY_WAIT, Status.PAUSED),
             skip_head,
         ),
@@ -209,11 +220,11 @@ ACTIONS: dict[str, StaffAction] = {
 def why_not(action: StaffAction, job: Job) -> str:
     """Why ``action`` cannot apply to ``job`` now ("" if it can): ids and statuses only."""
     if job.status not in action.from_status:
-        return f"its status is {job.status}"
+        return _("its status is %(status)s") % {"status": job.status}
     if action.slug == "resolve-resend" and was_resent(job):
-        return "it was resent once already"
+        return _("it was resent once already")
     if action.slug == "skip" and not is_lane_head(job):
-        return "it is not the head of its lane"
+        return _("it is not the head of its lane")
     return ""
 
 

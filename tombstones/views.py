@@ -18,6 +18,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
+from django.utils.translation import gettext as _
 from django.views import defaults
 
 from .roles import AUDITORS
@@ -47,7 +48,7 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
         return defaults.permission_denied(request, exception or Exception())
     context = {
         **site.each_context(request),
-        "title": "This page is for staff",
+        "title": _("This page is for staff"),
         "auditors_group": AUDITORS,
     }
     return render(request, TEMPLATE, context, status=403)
