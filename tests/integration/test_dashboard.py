@@ -193,11 +193,20 @@ def test_dashboard__throughput_in_the_last_minute_and_hour(staff_client: Client)
 
 
 def test_dashboard__outcomes_by_hour_and_by_day_by_status(staff_client: Client) -> None:
-    _finished(0.2)
-    _finished(0.3, rejected=True)
-    _finished(3 * 60)
-    _finished(3 * 24 * 60)  # three days ago: in the daily chart only
-    _finished(20 * 24 * 60)  # beyond both charts
+    now = timezone.localtime()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    noon = now.replace(hour=12, minute=0, second=0, microsecond=0)
+    three_hours_ago = hour - timedelta(hours=3) + timedelta(minutes=1)
+    for moment, rejected in (
+        (hour, False),  # this hour
+        (hour, True),
+        (three_hours_ago, False),
+        (noon - timedelta(days=3), False),  # three days ago: in the daily chart only
+        (noon - timedelta(days=20), False),  # beyond both charts
+    ):
+        job = _finished(0, rejected=rejected)
+        Job.objects.filter(pk=job.pk).update(finished_at=moment)
+
     context, html = _page(staff_client)
     hourly, daily = context["outcomes_by_hour"], context["outcomes_by_day"]
     assert len(hourly["bars"]) == dashboard.CHART_HOURS
@@ -205,13 +214,10 @@ def test_dashboard__outcomes_by_hour_and_by_day_by_status(staff_client: Client) 
     assert hourly["total"] == 3
     assert daily["total"] == 4
     current = hourly["bars"][-1]
-    assert {s["status"]: s["n"] for s in current["segments"]} == {
-        "succeeded": 1,
-        "rejected": 1,
-    }
-    assert sum(b["total"] for b in hourly["bars"][-4:-2]) == 1  # three hours ago (+- a bucket)
-    today = daily["bars"][-1]
-    assert today["total"] in (2, 3)  # the one three hours ago may be yesterday's
+    assert {s["status"]: s["n"] for s in current["segments"]} == {"succeeded": 1, "rejected": 1}
+    assert hourly["bars"][-4]["total"] == 1
+    assert hourly["bars"][-4]["label"] == three_hours_ago.strftime("%H")
+    assert daily["bars"][-1]["total"] == (3 if three_hours_ago.date() == now.date() else 2)
     assert daily["bars"][-4]["total"] == 1
     assert '<svg class="tg-svg" id="outcomes-by-hour"' in html
     assert '<svg class="tg-svg" id="outcomes-by-day"' in html
