@@ -32,10 +32,9 @@ INSERT INTO customers_customer (reference, name, email, phone, generation, versi
 SELECT 'P' || lpad(i::text, 8, '0'), 'Bench', 'bench@example.invalid', '', 1, 1
   FROM generate_series(1, %(jobs)s) AS i;
 INSERT INTO tombstones_job (handler, content_type_id, object_id, generation, version, lane,
-    status, reason, error_class, params, attempts, rereads, external, owner, claim_token,
-    q_task_id)
+    status, reason, error_class, params, attempts, rereads, external, owner, claim_token)
 SELECT 'bench.touch', ct.id, c.id::text, 1, 1, 'customers.customer:' || c.id,
-       'queued', '', '', '{}', 0, 0, false, '', '', ''
+       'queued', '', '', '{}', 0, 0, false, '', ''
   FROM customers_customer AS c,
        (SELECT id FROM django_content_type
          WHERE app_label = 'customers' AND model = 'customer') AS ct

@@ -9,6 +9,7 @@ record is named by ``app_label.model:pk`` and an error by its class.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,9 +23,13 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from . import dashboard, ledger, operations, timeline
+from .admin_actions import StaffActionsMixin
+from .display import time_html
 from .models import Dashboard, Job, JobEvent, Rejection
 
 # The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
@@ -67,6 +72,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     """
 
     extra_lookups: tuple[str, ...] = ()
+
+    class Media:
+        css = {"all": ("tombstones/admin.css",)}
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         return lookup in self.declared_lookups(request)
@@ -124,38 +132,54 @@ def _record_link(obj: Job | JobEvent) -> str:
     return format_html('<a href="{}">{}</a>', url, _record_ref(obj))
 
 
+def time_column(field: str, description: Any) -> Callable[[Any, Any], str]:
+    """An admin column or read-only field showing ``field`` in the audit's one time format."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        return time_html(getattr(obj, field))
+
+    column.__name__ = field
+    return column
+
+
+def _breakable(name: str) -> str:
+    # A dotted handler name may wrap after a dot or an underscore, never inside a word.
+    return format_html_join("", "{}<wbr>", ((part,) for part in re.split(r"(?<=[._])", name)))
+
+
 class AuditColumns(ReadOnlyAdmin):
     """Columns the job audit, the event log and the rejection log share: ids and codes only."""
 
-    @admin.display(description="record", ordering="object_id")
+    @admin.display(description=gettext_lazy("record"), ordering="object_id")
     def record(self, obj: Job | JobEvent) -> str:
         return _record_link(obj)
 
-    @admin.display(description="reason", ordering="reason")
+    @admin.display(description=gettext_lazy("reason"), ordering="reason")
     def reason_code(self, obj: Job | JobEvent) -> str:
         return obj.reason or "-"
 
-    @admin.display(description="found")
+    @admin.display(description=gettext_lazy("found"))
     def found(self, obj: Job | JobEvent) -> str:
         return _gv(obj.found_generation, obj.found_version)
 
 
 @admin.register(Job)
-class JobAdmin(AuditColumns):
+class JobAdmin(StaffActionsMixin, AuditColumns):
+    # Narrow enough for the three times to show beside the filters at 1280 px: the reason under
+    # the status, the snapshot under the record.
     list_display = (
         "id",
-        "status",
-        "handler",
-        "record",
-        "snapshot",
-        "reason_code",
-        "created_at",
-        "started_at",
-        "finished_at",
+        "status_reason",
+        "handler_name",
+        "record_snapshot",
+        "created",
+        "started",
+        "finished",
     )
     list_filter = ("status", "reason", "handler", "created_at")
     search_fields = ("=object_id",)  # shows the search box; see get_search_results
-    search_help_text = "Job id (42 or #42) or record pk (7 or customers.customer:7)."
+    search_help_text = gettext_lazy("Job id (42 or #42) or record pk (7 or customers.customer:7).")
     # The record timeline links to the record's jobs with these two (ids only).
     extra_lookups = ("content_type", "object_id")
     list_select_related = ("content_type",)
@@ -163,21 +187,21 @@ class JobAdmin(AuditColumns):
     list_per_page = 50
     _job_fields = ("id", "handler", "record", "lane", "status", "reason_code", "error_class")
     _fence_fields = ("snapshot", "found", "external", "idempotency_key")
-    _attempt_fields = ("attempts", "rereads", "owner", "q_task_id")
+    _attempt_fields = ("attempts", "rereads", "owner_while_claimed")
     _time_fields = (
-        "created_at",
-        "run_after",
-        "started_at",
-        "sending_at",
-        "sent_at",
-        "finished_at",
-        "lease_expires_at",
+        "created",
+        "run_after_time",
+        "started",
+        "sending",
+        "sent",
+        "finished",
+        "lease_expires",
     )
     fieldsets = (
         (None, {"fields": _job_fields}),
-        ("Fence", {"fields": _fence_fields}),
-        ("Attempts", {"fields": _attempt_fields}),
-        ("Times", {"fields": _time_fields}),
+        (gettext_lazy("Fence"), {"fields": _fence_fields}),
+        (gettext_lazy("Attempts"), {"fields": _attempt_fields}),
+        (gettext_lazy("Times"), {"fields": _time_fields}),
     )
     # Never params: a job's parameters are for its handler only.
     readonly_fields = _job_fields + _fence_fields + _attempt_fields + _time_fields
@@ -193,11 +217,49 @@ class JobAdmin(AuditColumns):
     ) -> tuple[QuerySet[Job], bool]:
         return search_ids(queryset, search_term, "pk"), False
 
-    @admin.display(description="snapshot")
+    @admin.display(description=gettext_lazy("snapshot"))
     def snapshot(self, obj: Job) -> str:
         return _gv(obj.generation, obj.version)
 
-    @admin.display(description="idempotency key")
+    @admin.display(description=gettext_lazy("owner"))
+    def owner_while_claimed(self, obj: Job) -> str:
+        # The worker holding the lease; once the job is no longer running nobody holds it (the
+        # column keeps the last holder, which the event table shows per event).
+        return obj.owner if obj.status == Job.Status.RUNNING and obj.owner else "-"
+
+    @admin.display(description=gettext_lazy("status"), ordering="status")
+    def status_reason(self, obj: Job) -> str:
+        if not obj.reason:
+            return obj.get_status_display()
+        return format_html(
+            '{}<br><span class="tg-note">{}</span>',
+            obj.get_status_display(),
+            _breakable(obj.reason),
+        )
+
+    @admin.display(description=gettext_lazy("handler"), ordering="handler")
+    def handler_name(self, obj: Job) -> str:
+        return _breakable(obj.handler)
+
+    @admin.display(description=gettext_lazy("record"), ordering="object_id")
+    def record_snapshot(self, obj: Job) -> str:
+        # The reference may wrap after its dot (a narrow column); the snapshot under it.
+        return format_html(
+            '<a href="{}">{}</a><br><span class="tg-note">{}</span>',
+            timeline_url(obj.content_type_id, obj.object_id),
+            _breakable(_record_ref(obj)),
+            _gv(obj.generation, obj.version),
+        )
+
+    created = time_column("created_at", gettext_lazy("created"))
+    run_after_time = time_column("run_after", gettext_lazy("run after"))
+    started = time_column("started_at", gettext_lazy("started"))
+    sending = time_column("sending_at", gettext_lazy("sending"))
+    sent = time_column("sent_at", gettext_lazy("sent"))
+    finished = time_column("finished_at", gettext_lazy("finished"))
+    lease_expires = time_column("lease_expires_at", gettext_lazy("lease expires"))
+
+    @admin.display(description=gettext_lazy("idempotency key"))
     def idempotency_key(self, obj: Job) -> str:
         return obj.idempotency_key
 
@@ -251,7 +313,7 @@ class JobAdmin(AuditColumns):
         staff_action = operations.ACTIONS.get(action)
         job = self.get_object(request, unquote(object_id))
         if staff_action is None or job is None:
-            raise Http404("No such job or action.")
+            raise Http404(_("No such job or action."))
         if not (
             self.has_view_permission(request, job)
             and request.user.has_perm(f"tombstones.{staff_action.permission}")
@@ -262,10 +324,10 @@ class JobAdmin(AuditColumns):
             seen = request.POST.get("seen_status", "")
             if request.POST.get("confirm") != "yes" or seen not in staff_action.from_status:
                 self.message_user(
-                    request, "Nothing changed: the confirmation was not valid.", messages.ERROR
+                    request, _("Nothing changed: the confirmation was not valid."), messages.ERROR
                 )
                 return HttpResponseRedirect(job_url)
-            if staff_action.perform(job, seen):
+            if staff_action.perform(job, seen, operations.staff_ref(request.user.pk)):
                 self.log_change(
                     request,
                     job,
@@ -273,20 +335,27 @@ class JobAdmin(AuditColumns):
                     + (f" ({job.reason})" if job.reason else ""),
                 )
                 self.message_user(
-                    request, f"Job {job.pk}: {staff_action.title} done.", messages.SUCCESS
+                    request,
+                    _("Job %(job)s: %(action)s done.")
+                    % {"job": job.pk, "action": staff_action.title},
+                    messages.SUCCESS,
                 )
             else:
                 self.message_user(
                     request,
-                    f"Nothing changed: job {job.pk} is no longer in a state that allows "
-                    f"“{staff_action.title}” (someone or something acted first).",
+                    _(
+                        "Nothing changed: job %(job)s is no longer in a state that allows "
+                        "“%(action)s” (someone or something acted first)."
+                    )
+                    % {"job": job.pk, "action": staff_action.title},
                     messages.WARNING,
                 )
             return HttpResponseRedirect(job_url)
         possible = staff_action in operations.available(job)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{staff_action.title}: job {job.pk}",
+            "media": self.media,
+            "title": _("%(action)s: job %(job)s") % {"action": staff_action.title, "job": job.pk},
             "opts": self.opts,
             "job": job,
             "record_ref": _record_ref(job),
@@ -313,10 +382,10 @@ class JobAdmin(AuditColumns):
         try:
             content_type = ContentType.objects.get_for_id(content_type_id)
         except ContentType.DoesNotExist:
-            raise Http404("No such content type.") from None
+            raise Http404(_("No such content type.")) from None
         model = timeline.record_model(content_type)
         if model is None or not timeline.is_pk(model, object_id):
-            raise Http404("No timeline for this reference.")
+            raise Http404(_("No timeline for this reference."))
         model_admin = self.admin_site._registry.get(model)
         sees_records = model_admin is not None and model_admin.has_view_or_change_permission(
             request
@@ -324,7 +393,7 @@ class JobAdmin(AuditColumns):
         data = timeline.build(content_type, object_id)
         # Without jobs the page would only tell whether a record exists, and its business key.
         if not data.jobs and not (sees_records and data.identity.exists):
-            raise Http404("No timeline for this reference.")
+            raise Http404(_("No timeline for this reference."))
         record_url = None
         if model_admin is not None and data.identity.exists and sees_records:
             record_url = reverse(
@@ -337,7 +406,9 @@ class JobAdmin(AuditColumns):
         )
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Timeline of {data.identity.model_label}:{object_id}",
+            "media": self.media,
+            "title": _("Timeline of %(record)s")
+            % {"record": f"{data.identity.model_label}:{object_id}"},
             "opts": self.opts,
             "timeline": data,
             "identity": data.identity,
@@ -360,7 +431,8 @@ class JobAdmin(AuditColumns):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
-            "title": "Job dashboard",
+            "media": self.media,
+            "title": _("Job dashboard"),
             "opts": self.opts,
             "now": timezone.now(),
             **dashboard.context(),
@@ -373,7 +445,7 @@ class JobAdmin(AuditColumns):
 class JobEventAdmin(AuditColumns):
     list_display = (
         "id",
-        "created_at",
+        "created",
         "event",
         "job_link",
         "record",
@@ -383,22 +455,24 @@ class JobEventAdmin(AuditColumns):
     )
     list_filter = ("event", "reason", "created_at")
     search_fields = ("=object_id",)
-    search_help_text = "Job id (#42) or record pk (7 or customers.customer:7)."
+    search_help_text = gettext_lazy("Job id (#42) or record pk (7 or customers.customer:7).")
     list_select_related = ("content_type",)
     fields = (*list_display, "worker")
     readonly_fields = fields
+
+    created = time_column("created_at", gettext_lazy("created"))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobEvent], search_term: str
     ) -> tuple[QuerySet[JobEvent], bool]:
         return search_ids(queryset, search_term, "job_id"), False
 
-    @admin.display(description="job", ordering="job_id")
+    @admin.display(description=gettext_lazy("job"), ordering="job_id")
     def job_link(self, obj: JobEvent) -> str:
         url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
 
-    @admin.display(description="expected")
+    @admin.display(description=gettext_lazy("expected"))
     def expected(self, obj: JobEvent) -> str:
         return _gv(obj.expected_generation, obj.expected_version)
 
@@ -437,7 +511,7 @@ class RejectionAdmin(AuditColumns):
     list_display_links = ("timestamp",)
     list_filter = ("reason", "created_at")
     search_fields = ("=object_id",)
-    search_help_text = "Job id (#42) or record pk (7 or customers.customer:7)."
+    search_help_text = gettext_lazy("Job id (#42) or record pk (7 or customers.customer:7).")
     list_select_related = ("content_type",)
     date_hierarchy = "created_at"
     fields = (
@@ -459,16 +533,21 @@ class RejectionAdmin(AuditColumns):
     ) -> tuple[QuerySet[Rejection], bool]:
         return search_ids(queryset, search_term, "job_id"), False
 
-    @admin.display(description="timestamp", ordering="created_at")
-    def timestamp(self, obj: Rejection) -> Any:
-        return obj.created_at
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The page keeps its name; its counter reads "4 rejections" (the model's plural).
+        title = _("Rejection log")
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
-    @admin.display(description="reason", ordering="reason")
+    timestamp = time_column("created_at", gettext_lazy("timestamp"))
+
+    @admin.display(description=gettext_lazy("reason"), ordering="reason")
     def reason_code(self, obj: Job | JobEvent) -> str:
         # A rejection always has its reason; the list and the CSV show it bare.
         return obj.reason
 
-    @admin.display(description="job id", ordering="job_id")
+    @admin.display(description=gettext_lazy("job id"), ordering="job_id")
     def job_link(self, obj: Rejection) -> str:
         url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
@@ -490,7 +569,7 @@ class RejectionAdmin(AuditColumns):
         try:
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
-            return HttpResponse("Invalid filter.", status=400, content_type="text/plain")
+            return HttpResponse(_("Invalid filter."), status=400, content_type="text/plain")
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         response["Content-Disposition"] = f'attachment; filename="rejections-{stamp}.csv"'

@@ -1,25 +1,33 @@
-"""The job dashboard: counts, blocked lanes, jobs awaiting a decision, rejections per day.
+"""The job dashboard: counts, why each waiting job waits, blocked lanes, the oldest due job, the
+next sweep, throughput, jobs awaiting a decision, outcomes over time, rejections per day.
 
-Read-only, ids and reason codes only. The chart is drawn server-side (inline SVG).
+Read-only, ids and reason codes only. The charts are drawn server-side (inline SVG). Every
+condition comes from :mod:`tombstones.job_query` (``due()``, ``lane_heads()``, ``blocking()``,
+``waiting_behind()``, ``lapsed()``), as the engine reads them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Now, TruncDate
+from django.db.models.functions import Now, TruncDate, TruncHour
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from .conf import tombstone_settings
+from .display import format_time
 from .models import Job, JobEvent
+from .timeline import STATUS_COLOURS
 
 Status = Job.Status
 
 LIST_LIMIT = 50
 CHART_DAYS = 14
+CHART_HOURS = 24
+SWEEP_SCHEDULE = "tombstones.sweep"  # the django-q2 schedule made by tombstones.sweep
 
 
 @dataclass
@@ -47,41 +55,61 @@ def _why(job: Job, lease_overdue: bool) -> str:
     reason = f" ({job.reason})" if job.reason else ""
     error = f", {job.error_class}" if job.error_class else ""
     if job.status == Status.PAUSED:
-        return f"paused: the record could not be read{reason}"
+        return _("paused: the record could not be read%(reason)s") % {"reason": reason}
     if job.status == Status.RETRY_WAIT:
-        return f"waiting to retry after attempt {job.attempts}{reason}{error}"
+        return _("waiting to retry after attempt %(n)s%(reason)s%(error)s") % {
+            "n": job.attempts,
+            "reason": reason,
+            "error": error,
+        }
     if job.status == Status.RUNNING:
-        return "running, but its lease expired: the worker vanished (the sweep requeues it)"
+        return _("running, but its lease expired: the worker vanished (the sweep requeues it)")
     if lease_overdue:
-        return "queued and due, but no worker took it: the wake-up message may be lost"
+        return _("queued and due, but no worker took it: the wake-up message may be lost")
+    if job.status == Status.QUEUED and job.run_after > timezone.now():
+        return _("not due yet (due at %(at)s); the jobs behind it wait") % {
+            "at": format_time(job.run_after)
+        }
     return f"{job.status}{reason}"
 
 
+def _overdue() -> Q:
+    # Due for longer than a lease: a wake-up or a worker should have taken it by now.
+    return Q(status=Status.QUEUED, run_after__lt=Now() - Value(tombstone_settings.LEASE))
+
+
+def _has_followers() -> Exists:
+    """Unfinished jobs of the outer job's lane run after it (see ``Job.objects.waiting_behind``)."""
+    later = Q(queued_at__gt=OuterRef("queued_at")) | Q(
+        queued_at=OuterRef("queued_at"), id__gt=OuterRef("id")
+    )
+    return Exists(
+        Job.objects.unfinished().filter(later, lane=OuterRef("lane")).exclude(pk=OuterRef("pk"))
+    )
+
+
 def blocked_lanes() -> list[BlockedLane]:
-    """Lanes whose head cannot make progress right now, with the jobs waiting behind it."""
-    earlier = Job.objects.filter(
-        lane=OuterRef("lane"), id__lt=OuterRef("id"), status__in=Job.UNFINISHED
-    )
-    later = (
-        Job.objects.filter(lane=OuterRef("lane"), id__gt=OuterRef("id"), status__in=Job.UNFINISHED)
-        .order_by()
-        .values("lane")
-        .annotate(n=Count("id"))
-        .values("n")
-    )
-    overdue = Q(status=Status.QUEUED, run_after__lt=Now() - Value(tombstone_settings.LEASE))
+    """Lanes whose head cannot make progress right now, with the jobs waiting behind it.
+
+    A head is stuck when it is paused, waiting to retry, running on a lapsed lease, or queued
+    and overdue; a delayed head (queued, not due yet) blocks its lane when jobs wait behind it.
+    """
+    delayed = Q(status=Status.QUEUED, run_after__gt=Now())
     lapsed = Q(status=Status.RUNNING, lease_expires_at__lt=Now())
     heads = (
-        Job.objects.filter(status__in=Job.UNFINISHED)
-        .filter(~Exists(earlier))
-        .filter(Q(status__in=(Status.PAUSED, Status.RETRY_WAIT)) | overdue | lapsed)
-        .annotate(behind=Subquery(later), since=_last_event_at())
-        .annotate(
-            is_overdue=Exists(Job.objects.filter(pk=OuterRef("pk")).filter(overdue)),
+        Job.objects.unfinished()
+        .lane_heads()
+        .annotate(has_followers=_has_followers())
+        .filter(
+            Q(status__in=(Status.PAUSED, Status.RETRY_WAIT))
+            | _overdue()
+            | lapsed
+            | (delayed & Q(has_followers=True))
         )
+        .annotate(since=_last_event_at(), is_overdue=Exists(_overdue_self()))
         .select_related("content_type")
         .defer("params")
-        .order_by("id")[:LIST_LIMIT]
+        .order_by("queued_at", "id")[:LIST_LIMIT]
     )
     found = []
     for head in heads:
@@ -90,11 +118,168 @@ def blocked_lanes() -> list[BlockedLane]:
                 lane=head.lane,
                 head=head,
                 since=head.since or head.created_at,
-                behind=head.behind or 0,
+                behind=Job.objects.waiting_behind(head).count(),
                 why=_why(head, bool(head.is_overdue)),
             )
         )
     return found
+
+
+def _overdue_self() -> Any:
+    return Job.objects.filter(pk=OuterRef("pk")).filter(_overdue())
+
+
+@dataclass
+class Waiting:
+    """One waiting job and why it waits: ``kind`` is delayed, behind, overdue, paused or due."""
+
+    job: Job
+    kind: str
+    text: str
+    at: datetime | None = None  # due at, or due since
+    blocker: Job | None = None  # the job it waits behind
+
+
+def why_waiting(job: Job, now: datetime) -> Waiting:
+    """Why a queued, retry-waiting or paused job has not run (ids and statuses only)."""
+    if job.status == Status.PAUSED:
+        reason = f" ({job.reason})" if job.reason else ""
+        text = _("paused: the record could not be read%(reason)s") % {"reason": reason}
+        return Waiting(job, "paused", text)
+    if job.run_after > now:
+        what = _("retry due at") if job.status == Status.RETRY_WAIT else _("due at")
+        return Waiting(job, "delayed", what, at=job.run_after)
+    blocker = Job.objects.blocking(job).defer("params").order_by("queued_at", "id").first()
+    if blocker is not None:
+        return Waiting(
+            job,
+            "behind",
+            _("behind job %(job)s (%(status)s)") % {"job": blocker.pk, "status": blocker.status},
+            blocker=blocker,
+        )
+    if now - job.run_after > tombstone_settings.LEASE:
+        return Waiting(job, "overdue", _("overdue: no worker took it; due since"), at=job.run_after)
+    return Waiting(job, "due", _("due since"), at=job.run_after)
+
+
+def waiting_jobs(now: datetime) -> tuple[list[Waiting], int]:
+    """The first waiting jobs in lane order, each with why it waits, and how many wait in all."""
+    waiting = Job.objects.filter(status__in=(Status.QUEUED, Status.RETRY_WAIT, Status.PAUSED))
+    first = waiting.defer("params").order_by("queued_at", "id")[:LIST_LIMIT]
+    return [why_waiting(job, now) for job in first], waiting.count()
+
+
+def oldest_due(now: datetime) -> dict[str, Any] | None:
+    """The job due for the longest time (``Job.objects.due()``) and for how long."""
+    job = Job.objects.due().defer("params").order_by("run_after", "id").first()
+    if job is None:
+        return None
+    return {"job": job, "since": job.run_after, "age": max(now - job.run_after, timedelta(0))}
+
+
+def next_sweep() -> dict[str, Any] | None:
+    """The sweep's django-q2 schedule: its next run and interval (None without a schedule)."""
+    from django_q.models import Schedule
+
+    schedule = Schedule.objects.filter(name=SWEEP_SCHEDULE).only("next_run", "minutes").first()
+    if schedule is None:
+        return None
+    return {"next_run": schedule.next_run, "minutes": schedule.minutes}
+
+
+def throughput(now: datetime) -> dict[str, int]:
+    """Jobs finished (any final status) in the last minute and the last hour."""
+    return Job.objects.aggregate(
+        minute=Count("id", filter=Q(finished_at__gte=now - timedelta(minutes=1))),
+        hour=Count("id", filter=Q(finished_at__gte=now - timedelta(hours=1))),
+    )
+
+
+def outcomes_by_hour(now: datetime, hours: int = CHART_HOURS) -> list[tuple[datetime, dict]]:
+    """Finished jobs per hour for the last ``hours`` hours (the current one included), by status."""
+    tz = timezone.get_current_timezone()
+    last = timezone.localtime(now, tz).replace(minute=0, second=0, microsecond=0)
+    buckets = [last - timedelta(hours=hours - 1 - i) for i in range(hours)]
+    rows = (
+        Job.objects.filter(finished_at__gte=buckets[0])
+        .annotate(bucket=TruncHour("finished_at", tzinfo=tz))
+        .values_list("bucket", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts: dict[datetime, dict[str, int]] = {b: {} for b in buckets}
+    for bucket, status, n in rows:
+        key = timezone.localtime(bucket, tz) if timezone.is_aware(bucket) else bucket
+        if key in counts:
+            counts[key][status] = counts[key].get(status, 0) + n
+    return [(b, counts[b]) for b in buckets]
+
+
+def outcomes_by_day(now: datetime, days: int = CHART_DAYS) -> list[tuple[date, dict]]:
+    """Finished jobs per day for the last ``days`` days (today included), by status."""
+    today = timezone.localdate(now)
+    start = today - timedelta(days=days - 1)
+    rows = (
+        Job.objects.filter(finished_at__date__gte=start)
+        .annotate(day=TruncDate("finished_at"))
+        .values_list("day", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts: dict[date, dict[str, int]] = {start + timedelta(days=i): {} for i in range(days)}
+    for day, status, n in rows:
+        if day in counts:
+            counts[day][status] = counts[day].get(status, 0) + n
+    return sorted(counts.items())
+
+
+def _bucket_name(key: date) -> str:
+    return key.strftime("%Y-%m-%d %H:00") if isinstance(key, datetime) else key.isoformat()
+
+
+def stacked_chart(
+    series: list[tuple[Any, dict]], label: Any, bar: int = 24, gap: int = 6
+) -> dict[str, Any]:
+    """Geometry of stacked bars, one segment per final status, for the template's inline SVG."""
+    height, base = 120, 140
+    peak = max((sum(c.values()) for _, c in series), default=0) or 1
+    order = [s for s in Job.TERMINAL if s in STATUS_COLOURS]
+    bars = []
+    for i, (key, counts) in enumerate(series):
+        x = 10 + i * (bar + gap)
+        total = sum(counts.values())
+        top = base
+        segments = []
+        for status in order:
+            n = counts.get(status, 0)
+            if not n:
+                continue
+            h = max(round(height * n / peak), 1)
+            top -= h
+            segments.append(
+                {"status": status, "n": n, "y": top, "h": h, "colour": STATUS_COLOURS[status]}
+            )
+        bars.append(
+            {
+                "x": x,
+                "w": bar,
+                "text_x": x + bar // 2,
+                "total": total,
+                "top": top,
+                "label": label(key),
+                "title": f"{_bucket_name(key)}: "
+                + (", ".join(f"{s['n']} {s['status']}" for s in segments) or _("none")),
+                "segments": segments,
+            }
+        )
+    return {
+        "width": 20 + len(series) * (bar + gap),
+        "height": base + 36,
+        "base": base,
+        "bars": bars,
+        "total": sum(b["total"] for b in bars),
+        "legend": [(s, STATUS_COLOURS[s]) for s in order],
+    }
 
 
 def awaiting(status: str) -> list[Job]:
@@ -139,7 +324,7 @@ def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
                 "w": bar,
                 "n": n,
                 "label": day.strftime("%m-%d"),
-                "title": f"{day.isoformat()}: {n} rejected",
+                "title": _("%(day)s: %(n)d rejected") % {"day": day.isoformat(), "n": n},
                 "text_x": x + bar // 2,
             }
         )
@@ -153,12 +338,24 @@ def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
 
 
 def context() -> dict[str, Any]:
+    now = timezone.now()
     series = rejections_per_day()
+    waiting, waiting_total = waiting_jobs(now)
     return {
         "status_counts": status_counts(),
+        "waiting_jobs": waiting,
+        "waiting_total": waiting_total,
         "blocked_lanes": blocked_lanes(),
+        "oldest_due": oldest_due(now),
+        "next_sweep": next_sweep(),
+        "throughput": throughput(now),
         "uncertain_jobs": awaiting(Status.UNCERTAIN),
         "escalated_jobs": awaiting(Status.ESCALATED),
+        "outcomes_by_hour": stacked_chart(outcomes_by_hour(now), lambda h: h.strftime("%H")),
+        "outcomes_by_day": stacked_chart(
+            outcomes_by_day(now), lambda d: d.strftime("%m-%d"), bar=28, gap=8
+        ),
         "rejection_chart": chart(series),
         "chart_days": CHART_DAYS,
+        "chart_hours": CHART_HOURS,
     }

@@ -100,7 +100,6 @@ class Job(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     found_generation = models.PositiveIntegerField(null=True, blank=True)
     found_version = models.PositiveIntegerField(null=True, blank=True)
-    q_task_id = models.CharField(max_length=32, blank=True, help_text="Last django-q2 task.")
 
     objects = JobQuerySet.as_manager()
 
@@ -240,7 +239,7 @@ class Rejection(JobEvent):
         proxy = True
         ordering = ("-id",)
         verbose_name = "rejection"
-        verbose_name_plural = "rejection log"
+        verbose_name_plural = "rejections"
 
 
 class Dashboard(Job):

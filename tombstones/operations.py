@@ -15,6 +15,9 @@ from functools import partial
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
+from django.utils.functional import Promise
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from . import job_query, ledger
 from .models import Job, JobEvent
@@ -31,10 +34,11 @@ class StaffAction:
 
     slug: str  # in the URL: /admin/tombstones/job/<id>/act/<slug>/
     permission: str  # codename on tombstones.Job
-    title: str  # the button
-    explanation: str  # the confirmation page says exactly what will happen
+    title: str | Promise  # the button (translatable)
+    explanation: str | Promise  # the confirmation page says exactly what will happen
     from_status: tuple[str, ...]  # the job must still be in one of these when confirmed
-    perform: Callable[[Job, str], bool]  # (job, status seen on the confirmation page) -> applied
+    # (job, status seen on the confirmation page, who decided) -> applied
+    perform: Callable[[Job, str, str], bool]
 
 
 def _lane_head_only() -> Q:
@@ -55,19 +59,24 @@ def _after_commit(job: Job, func: Callable[[], object]) -> None:
     transaction.on_commit(func, using=job._state.db)
 
 
+def staff_ref(user_pk: object) -> str:
+    """Who took a staff decision, as its JobEvent's ``worker``: the user's id, no name."""
+    return f"staff:{user_pk}"
+
+
 def _wake_next(job: Job) -> None:
     # Its lane's next job may be due now.
     _after_commit(job, partial(wake_soon, job.pk))
 
 
-def resolve_delivered(job: Job, seen: str) -> bool:
+def resolve_delivered(job: Job, seen: str, by: str = "") -> bool:
     """Staff checked the external system: the call landed. The job becomes a success."""
     return ledger.transition(
-        job, Status.SUCCEEDED, Reason.NONE, from_status=(seen,), event=Event.RESOLVED
+        job, Status.SUCCEEDED, Reason.NONE, from_status=(seen,), event=Event.RESOLVED, by=by
     )
 
 
-def resolve_resend(job: Job, seen: str) -> bool:
+def resolve_resend(job: Job, seen: str, by: str = "") -> bool:
     """Staff checked: the call did not land. Queue the SAME job again, once; same idempotency key.
 
     The worker repeats the whole check before sending, so a record deleted meanwhile is still
@@ -79,6 +88,7 @@ def resolve_resend(job: Job, seen: str) -> bool:
         Reason.OUTCOME_UNKNOWN,  # why it runs again; the worker clears it when it claims
         from_status=(seen,),
         event=Event.RESOLVED,
+        by=by,
         extra_filter=_never_resent(),
         finished_at=None,
         sending_at=None,
@@ -91,7 +101,7 @@ def resolve_resend(job: Job, seen: str) -> bool:
     return applied
 
 
-def resolve_abandon(job: Job, seen: str) -> bool:
+def resolve_abandon(job: Job, seen: str, by: str = "") -> bool:
     """Staff checked: the call did not land, and it must not be sent again."""
     return ledger.transition(
         job,
@@ -99,36 +109,38 @@ def resolve_abandon(job: Job, seen: str) -> bool:
         Reason.CANCELLED_BY_STAFF,
         from_status=(seen,),
         event=Event.RESOLVED,
+        by=by,
     )
 
 
-def resume(job: Job, seen: str) -> bool:
+def resume(job: Job, seen: str, by: str = "") -> bool:
     """A paused job goes back to the queue; its check runs again from scratch."""
     applied = ledger.transition(
-        job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED
+        job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED, by=by
     )
     if applied:
         _after_commit(job, partial(wake_soon, job.pk))
     return applied
 
 
-def cancel(job: Job, seen: str) -> bool:
+def cancel(job: Job, seen: str, by: str = "") -> bool:
     """A queued (or retry-waiting) job will not run; its lane moves on."""
-    return _cancel(job, seen, Event.CANCELLED)
+    return _cancel(job, seen, Event.CANCELLED, by)
 
 
-def skip_head(job: Job, seen: str) -> bool:
+def skip_head(job: Job, seen: str, by: str = "") -> bool:
     """The blocked head of a lane is cancelled so the jobs behind it can run."""
-    return _cancel(job, seen, Event.SKIPPED, extra_filter=_lane_head_only())
+    return _cancel(job, seen, Event.SKIPPED, by, extra_filter=_lane_head_only())
 
 
-def _cancel(job: Job, seen: str, event: str, extra_filter: Q | None = None) -> bool:
+def _cancel(job: Job, seen: str, event: str, by: str, extra_filter: Q | None = None) -> bool:
     applied = ledger.transition(
         job,
         Status.CANCELLED,
         Reason.CANCELLED_BY_STAFF,
         from_status=(seen,),
         event=event,
+        by=by,
         extra_filter=extra_filter,
         lease_expires_at=None,
     )
@@ -143,58 +155,77 @@ ACTIONS: dict[str, StaffAction] = {
         StaffAction(
             "resolve-delivered",
             "resolve_job",
-            "Resolve: delivered",
-            "You checked the external system and the call landed. The job is marked succeeded; "
-            "nothing is sent.",
+            gettext_lazy("Resolve: delivered"),
+            gettext_lazy(
+                "You checked the external system and the call landed. The job is marked succeeded; "
+                "nothing is sent."
+            ),
             (Status.UNCERTAIN,),
             resolve_delivered,
         ),
         StaffAction(
             "resolve-resend",
             "resolve_job",
-            "Resolve: not delivered, resend once",
-            "You checked the external system and the call did not land. The same job is queued "
-            "once more with the same idempotency key; the worker checks the record again before "
-            "sending. This can be done once per job.",
+            gettext_lazy("Resolve: not delivered, resend once"),
+            gettext_lazy(
+                "You checked the external system and the call did not land. The same job is "
+                "queued once more with the same idempotency key; the worker checks the record "
+                "again before sending. This can be done once per job."
+            ),
             (Status.UNCERTAIN,),
             resolve_resend,
         ),
         StaffAction(
             "resolve-abandon",
             "resolve_job",
-            "Resolve: not delivered, do not resend",
-            "You checked the external system and the call did not land; it must not be sent. "
-            "The job is cancelled.",
+            gettext_lazy("Resolve: not delivered, do not resend"),
+            gettext_lazy(
+                "You checked the external system and the call did not land; it must not be sent. "
+                "The job is cancelled."
+            ),
             (Status.UNCERTAIN,),
             resolve_abandon,
         ),
         StaffAction(
             "resume",
             "resume_job",
-            "Resume",
-            "The paused job is queued again; the worker repeats the whole check.",
+            gettext_lazy("Resume"),
+            gettext_lazy("The paused job is queued again; the worker repeats the whole check."),
             (Status.PAUSED,),
             resume,
         ),
         StaffAction(
             "cancel",
             "cancel_job",
-            "Cancel",
-            "The job will not run. Later jobs of its lane may then run.",
+            gettext_lazy("Cancel"),
+            gettext_lazy("The job will not run. Later jobs of its lane may then run."),
             (Status.QUEUED, Status.RETRY_WAIT),
             cancel,
         ),
         StaffAction(
             "skip",
             "skip_lane_head",
-            "Skip lane head",
-            "This job is the head of its lane and blocks the jobs behind it. It is cancelled and "
-            "the next job of the lane is woken.",
+            gettext_lazy("Skip lane head"),
+            gettext_lazy(
+                "This job is the head of its lane and blocks the jobs behind it. It is cancelled "
+                "and the next job of the lane is woken."
+            ),
             (Status.QUEUED, Status.RETRY_WAIT, Status.PAUSED),
             skip_head,
         ),
     )
 }
+
+
+def why_not(action: StaffAction, job: Job) -> str:
+    """Why ``action`` cannot apply to ``job`` now ("" if it can): ids and statuses only."""
+    if job.status not in action.from_status:
+        return _("its status is %(status)s") % {"status": job.status}
+    if action.slug == "resolve-resend" and was_resent(job):
+        return _("it was resent once already")
+    if action.slug == "skip" and not is_lane_head(job):
+        return _("it is not the head of its lane")
+    return ""
 
 
 def available(job: Job) -> list[StaffAction]:

@@ -19,7 +19,9 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
+from .display import format_time
 from .models import Job, JobEvent
 from .options import get_options
 from .records import TombstoneModel
@@ -55,6 +57,10 @@ STEP = 34
 ROW = 30
 TOP = 64
 RIGHT_LABEL = 260
+# The drawing is scaled to the page width (viewBox, width 100%); a long history gets narrower
+# steps first, so the labels stay legible on a 1280 px screen.
+FIT_WIDTH = 1100
+MIN_STEP = 6
 HANDLER_CHARS = 36  # longer handler names are shortened in the picture (the table has them)
 
 
@@ -74,8 +80,8 @@ class Identity:
     @property
     def state(self) -> str:
         if not self.exists:
-            return "missing (never existed, or purged)"
-        return "tombstone" if self.deleted_at is not None else "live"
+            return _("missing (never existed, or purged)")
+        return _("tombstone") if self.deleted_at is not None else _("live")
 
 
 @dataclass
@@ -250,10 +256,12 @@ def _picture(
     axis = sorted(moments)
     slot = {moment: i for i, moment in enumerate(axis)}
 
-    def x(moment: datetime) -> int:
-        return LEFT + STEP // 2 + slot[moment] * STEP
+    step = max(MIN_STEP, min(STEP, (FIT_WIDTH - LEFT - RIGHT_LABEL) // len(axis)))
 
-    width = LEFT + STEP * len(axis) + RIGHT_LABEL
+    def x(moment: datetime) -> int:
+        return LEFT + step // 2 + slot[moment] * step
+
+    width = LEFT + step * len(axis) + RIGHT_LABEL
     bands = []
     for i, gen in enumerate(generations):
         start = gen.first
@@ -265,15 +273,17 @@ def _picture(
         else:
             end = now
         x1, x2 = x(start), x(end)
-        band_width = max(x2 - x1 + STEP - 4, STEP - 4)
+        band_width = max(x2 - x1 + step - 4, step - 4, 4)
         bands.append(
             {
-                "x": x1 - STEP // 2 + 2,
+                "x": x1 - step // 2 + 2,
                 "width": band_width,
-                "label": f"generation {gen.number}" if band_width >= 110 else f"g{gen.number}",
+                "label": _("generation %(n)s") % {"n": gen.number}
+                if band_width >= 110
+                else f"g{gen.number}",
                 "colour": gen.colour,
-                "title": f"generation {gen.number}: versions seen "
-                + ", ".join(f"v{v}" for v in gen.versions),
+                "title": _("generation %(n)s: versions seen %(versions)s")
+                % {"n": gen.number, "versions": ", ".join(f"v{v}" for v in gen.versions)},
             }
         )
         gone = gen.deleted_at or gen.tombstone_seen_at
@@ -284,9 +294,9 @@ def _picture(
                 {
                     "x": t1,
                     "width": max(t2 - t1, 4),
-                    "label": "tombstone" if t2 - t1 >= 80 else "",
+                    "label": _("tombstone") if t2 - t1 >= 80 else "",
                     "colour": "#e0e0e0",
-                    "title": f"generation {gen.number} is a tombstone",
+                    "title": _("generation %(n)s is a tombstone") % {"n": gen.number},
                 }
             )
     marks = []
@@ -295,28 +305,30 @@ def _picture(
             marks.append(
                 {
                     "x": x(gen.deleted_at),
-                    "label": "deleted",
+                    "label": _("deleted"),
                     "kind": "deleted",
-                    "title": f"generation {gen.number} deleted at {gen.deleted_at.isoformat()}",
+                    "title": _("generation %(n)s deleted at %(at)s")
+                    % {"n": gen.number, "at": format_time(gen.deleted_at)},
                 }
             )
         elif gen.tombstone_seen_at is not None:
             marks.append(
                 {
                     "x": x(gen.tombstone_seen_at),
-                    "label": "tombstone seen",
+                    "label": _("tombstone seen"),
                     "kind": "deleted",
-                    "title": f"a job found generation {gen.number} deleted "
-                    f"at {gen.tombstone_seen_at.isoformat()}",
+                    "title": _("a job found generation %(n)s deleted at %(at)s")
+                    % {"n": gen.number, "at": format_time(gen.tombstone_seen_at)},
                 }
             )
         if i > 0:
             marks.append(
                 {
                     "x": x(gen.first),
-                    "label": f"re-created as g{gen.number}",
+                    "label": _("re-created as g%(n)s") % {"n": gen.number},
                     "kind": "recreated",
-                    "title": f"generation {gen.number} first seen at {gen.first.isoformat()}",
+                    "title": _("generation %(n)s first seen at %(at)s")
+                    % {"n": gen.number, "at": format_time(gen.first)},
                 }
             )
     by_job: dict[int, list[JobEvent]] = {}
@@ -335,7 +347,7 @@ def _picture(
         dots = []
         for ev in mine:
             found = (
-                f" found g{ev.found_generation}/v{ev.found_version}"
+                _(", found g%(g)s/v%(v)s") % {"g": ev.found_generation, "v": ev.found_version}
                 if ev.found_generation is not None
                 else ""
             )
@@ -343,7 +355,7 @@ def _picture(
                 {
                     "x": x(ev.created_at),
                     "title": f"{ev.event}{' ' + ev.reason if ev.reason else ''}"
-                    f" at {ev.created_at.isoformat()}{found}",
+                    f" {format_time(ev.created_at)}{found}",
                     "terminal": ev.event not in ("enqueued", "claimed", "checked", "sending"),
                 }
             )

@@ -496,3 +496,127 @@ def test_browser__tampered_version_and_forged_actions_change_nothing(
     other.refresh_from_db()
     assert other.status == Job.Status.QUEUED
     assert django_settings.CSRF_COOKIE_HTTPONLY is False  # the forged POST really had a token
+
+
+# --- layout at common screen widths --------------------------------------------------------------
+
+
+def _boxes_overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return not (
+        a["x"] + a["width"] <= b["x"]
+        or b["x"] + b["width"] <= a["x"]
+        or a["y"] + a["height"] <= b["y"]
+        or b["y"] + b["height"] <= a["y"]
+    )
+
+
+def _within_viewport(page: Any, box: dict[str, float] | None, what: str) -> None:
+    width = page.evaluate("window.innerWidth")
+    assert box is not None, what
+    assert box["x"] >= 0, (what, box)
+    assert box["x"] + box["width"] <= width, (what, box, width)
+
+
+def _within(inner: dict[str, float] | None, outer: dict[str, float] | None) -> None:
+    assert inner is not None
+    assert outer is not None
+    assert inner["x"] >= outer["x"], (inner, outer)
+    assert inner["x"] + inner["width"] <= outer["x"] + outer["width"], (inner, outer)
+
+
+def _no_horizontal_scroll(page: Any, what: str) -> None:
+    scroll, client = page.evaluate(
+        "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert scroll <= client, (what, scroll, client)
+
+
+def _race_with_history(jobs: int) -> tuple[Customer, list[Job]]:
+    """A record deleted and re-created, its old job rejected, many jobs after: a wide history."""
+    customer = CustomerFactory()
+    SheetRow.objects.create(customer=customer, reference=f"row-{customer.reference}")
+    old = enqueue("customers.update_sheet_row", customer)
+    customer.delete()
+    revived = Customer.all_objects.recreate(
+        reference=customer.reference, name="Second Life", email="second@example.test"
+    )
+    later = [enqueue("customers.update_sheet_row", revived) for _ in range(jobs)]
+    run_worker(old.pk)
+    return revived, [old, *later]
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_browser__job_page_list_and_timeline_fit_the_screen(
+    browser: Any, live_server: Any, width: int
+) -> None:
+    staff = _staff()
+    record, jobs = _race_with_history(jobs=12)
+    uncertain = jobs[-1]
+    Job.objects.filter(pk=uncertain.pk).update(
+        status=Job.Status.UNCERTAIN, reason=Job.Reason.OUTCOME_UNKNOWN
+    )
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    try:
+        _login(page, live_server, staff)
+
+        # The job page: three resolve buttons, the timeline and history; none covers the heading.
+        page.goto(
+            f"{live_server.url}{reverse('admin:tombstones_job_change', args=(uncertain.pk,))}"
+        )
+        _shot(page, f"10-job-page-{width}")
+        buttons = page.locator(".object-tools a")
+        assert buttons.count() >= 5
+        headings = page.locator("#content h1, #content h2").first
+        for heading in (page.locator("#content h1"), page.locator("#content > h2")):
+            if not heading.count():
+                continue
+            heading_box = heading.first.bounding_box()
+            assert heading_box is not None
+            for i in range(buttons.count()):
+                box = buttons.nth(i).bounding_box()
+                assert box is not None
+                assert not _boxes_overlap(box, heading_box), (buttons.nth(i).inner_text(), width)
+                _within_viewport(page, box, buttons.nth(i).inner_text())
+        assert headings.count()
+        # The styles come from the static file, through the admin's Media.
+        assert page.locator('link[href$="tombstones/admin.css"]').count() == 1
+        assert "<style" not in page.content()
+
+        # The Jobs list: the time columns are on screen, no horizontal scroll.
+        page.goto(f"{live_server.url}{reverse('admin:tombstones_job_changelist')}")
+        _shot(page, f"11-jobs-list-{width}")
+        for column in ("created", "started", "finished"):
+            header = page.locator(
+                f"#result_list th.column-{column}, #result_list th.column-{column}_at"
+            )
+            assert header.count() == 1, column
+            _within_viewport(page, header.bounding_box(), column)
+            _within(header.bounding_box(), page.locator("#changelist .results").bounding_box())
+        cells = page.locator("#result_list td.field-finished, #result_list td.field-finished_at")
+        _within_viewport(page, cells.first.bounding_box(), "finished cell")
+        # The list itself does not scroll sideways (the admin wraps it in a scrolling box).
+        scroll, client = page.locator("#changelist .results").evaluate(
+            "el => [el.scrollWidth, el.clientWidth]"
+        )
+        assert scroll <= client, ("jobs list scrolls sideways", scroll, client)
+        _no_horizontal_scroll(page, "jobs list")
+
+        # The timeline: the whole drawing, its re-create marker and its outcomes, on screen.
+        content_type = ContentType.objects.get_for_model(Customer)
+        page.goto(
+            f"{live_server.url}"
+            f"{reverse('admin:tombstones_job_timeline', args=(content_type.pk, record.pk))}"
+        )
+        _shot(page, f"12-timeline-{width}")
+        svg = page.locator("svg#record-timeline")
+        _within_viewport(page, svg.bounding_box(), "timeline")
+        _within_viewport(page, svg.locator("g.mark-recreated").bounding_box(), "re-create marker")
+        outcomes = svg.locator("g.job text.outcome")
+        assert outcomes.count() == len(jobs)
+        for i in range(outcomes.count()):
+            _within_viewport(page, outcomes.nth(i).bounding_box(), outcomes.nth(i).text_content())
+        _no_horizontal_scroll(page, "timeline")
+    finally:
+        context.close()
