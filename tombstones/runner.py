@@ -91,8 +91,9 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
         ran, quick = run_claim(claim, workers=workers, deadline=deadline)
         _quick[os.getpid()] = quick
         outcomes += ran
-    # Budget spent with work left: hand it to another message rather than hog this worker.
-    wakeups.wake_soon()
+    # Budget or time spent, perhaps with work left: hand it to another message rather than hog
+    # this worker (a message that finds nothing opens the gate).
+    wakeups.hand_off()
     return outcomes
 
 
@@ -181,7 +182,7 @@ def _give_back(claim: Claim, attempts: list[phases.Attempt], exc: BaseException)
         return
     for attempt in unfinished:
         attempt.lost = True
-    wakeups.wake_soon()
+    wakeups.hand_off()
     alarms.arm_next(claim.using)  # the culprit's retry
 
 

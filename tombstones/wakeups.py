@@ -104,6 +104,22 @@ def wake_soon(reason: int | None = None) -> str | None:
     return sent
 
 
+def hand_off(reason: int | None = None) -> str | None:
+    """Pump side, its budget spent with work left: the next message, whatever the gate says.
+
+    This pump's own message armed the gate, so ``wake_soon`` would send nothing: the gate stays
+    armed for the new message (its expiry renewed), or opens if the send failed.
+    """
+    sent = wake(reason)
+    if runs_in_sync():
+        return sent
+    if sent is None:
+        _release("gate")
+    else:
+        _rearm("gate")
+    return sent
+
+
 def open_gate() -> bool:
     """Pump side, when it found nothing due: the next enqueue sends a message again.
 
@@ -172,6 +188,18 @@ def _take(name: str) -> bool:
         return bool(client.set(_key(found, name), "1", nx=True, px=GATE_TTL))
     except Exception:  # noqa: BLE001 - unknown means "send the message"
         return True
+
+
+def _rearm(name: str) -> None:
+    """Set the key (it expires) whether or not it was set; nothing without Redis."""
+    found = broker()
+    client = _redis(found)
+    if client is None:
+        return
+    try:
+        client.set(_key(found, name), "1", px=GATE_TTL)
+    except Exception:  # noqa: BLE001 - an open gate only means more messages
+        logger.warning("could not re-arm the wake-up %s key", name)
 
 
 def _release(name: str) -> bool:

@@ -118,3 +118,23 @@ def test_orm__only_a_waiting_wake_up_of_ours_silences_an_enqueue(settings: Any) 
     tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
     funcs = [SignedPackage.loads(row.payload)["func"] for row in OrmQ.objects.order_by("id")]
     assert funcs == ["project.stress.cluster.ping", wakeups.TASK]
+
+
+def test_gate__a_pump_that_spends_its_budget_hands_the_rest_to_a_new_message(
+    redis_queue: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pump's own message armed the gate: its hand-off must send anyway (it used to find the
+    gate armed and send nothing, and a backlog waited for the sweep)."""
+    settings.TOMBSTONES_WAKE_BUDGET = 2
+    monkeypatch.setattr(runner, "cluster_workers", lambda: 1)  # no helper message
+    for _ in range(5):
+        tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
+    assert _messages(redis_queue) == 1
+    rounds = 0
+    while Job.objects.filter(status=Job.Status.QUEUED).exists():
+        assert redis_queue.connection.lpop(redis_queue.list_key)  # a worker takes the message
+        ran = runner.pump()
+        assert len(ran) <= 2
+        rounds += 1
+        assert rounds <= 3
+    assert set(Job.objects.values_list("status", flat=True)) == {Job.Status.SUCCEEDED}
