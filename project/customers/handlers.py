@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
@@ -76,12 +77,21 @@ def queue_erasure(customers: Iterable[Customer]) -> list[Job]:
     return [tombstones.enqueue("customers.erase_customer", customer) for customer in customers]
 
 
+def _mailer() -> Any:
+    """The default email backend (Django 6.1 deprecated get_connection() for ``mailers``)."""
+    try:
+        from django.core.mail import mailers  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return get_connection()
+    return mailers.default
+
+
 def erase_welcome_mail(reference: str) -> int:
     """Delete the demo's emails to this customer from the file email backend's folder.
 
     Idempotent, so a retried or repeated erasure is harmless. Other backends keep no copy here.
     """
-    connection = get_connection()
+    connection = _mailer()
     if not isinstance(connection, FileEmailBackend):
         return 0
     marker = re.compile(rf"^{re.escape(CUSTOMER_HEADER)}: {re.escape(reference)}\r?$", re.M)

@@ -16,6 +16,7 @@ import tombstones
 from project.customers.models import CrmContact, Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import make_due, run
+from tests.mail import file_mail
 from tombstones.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,8 +81,7 @@ EMAIL = "erase-3391@pii.test"
 @pytest.fixture
 def mail_dir(settings: Any, tmp_path: Path) -> Path:
     """The demo's file email backend, in a folder of this test's own."""
-    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
-    settings.EMAIL_FILE_PATH = str(tmp_path)
+    file_mail(settings, tmp_path)
     return tmp_path
 
 

@@ -25,6 +25,7 @@ import tombstones
 from project.customers.models import Customer
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import run, temp_handler
+from tests.mail import file_mail
 from tombstones.exceptions import InvalidParams, TombstoneError
 from tombstones.models import Job, JobEvent
 
@@ -229,8 +230,7 @@ def _found(dump: dict[str, str], values: tuple[str, ...]) -> list[tuple[str, str
 
 @pytest.mark.django_db(transaction=True)
 def test_no_personal_data__in_any_table_after_a_delete(settings: Any, tmp_path: Any) -> None:
-    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
-    settings.EMAIL_FILE_PATH = str(tmp_path)
+    file_mail(settings, tmp_path)
     customer = CustomerFactory(reference="PII-DUMP", name=NAME, email=EMAIL, phone=PHONE)
     row = SheetRowFactory(customer=customer)
     # Personal values never reach params, whatever their shape.
