@@ -53,9 +53,15 @@ def run_sweep() -> dict[str, Any]:
 
 
 def install_schedule(**kwargs: Any) -> None:
-    """post_migrate receiver: create or update the django-q2 schedule of the sweep."""
+    """post_migrate receiver: create or update the django-q2 schedule of the sweep.
+
+    The schedule names the cluster the jobs go to (``TOMBSTONES_Q_OPTIONS["cluster"]``): django-q2
+    fires a schedule without a cluster on a cluster of the default name only, so with jobs routed
+    to a named cluster and only that one running, the sweep never ran.
+    """
     from django_q.models import Schedule
 
+    cluster = tombstone_settings.Q_OPTIONS.get("cluster") or None
     Schedule.objects.update_or_create(
         name="tombstones.sweep",
         defaults={
@@ -63,5 +69,6 @@ def install_schedule(**kwargs: Any) -> None:
             "schedule_type": Schedule.MINUTES,
             "minutes": tombstone_settings.SWEEP_MINUTES,
             "repeats": -1,
+            "cluster": str(cluster) if cluster is not None else None,
         },
     )

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.test.utils import override_settings
+from django.utils import timezone
 from django_q.models import Schedule
 
 from project.stress.models import StressEntity
@@ -154,3 +156,29 @@ def test_sweep__installs_a_django_q_schedule_with_the_configured_interval(db: No
         install_schedule()
     assert Schedule.objects.get(name="tombstones.sweep").minutes == 5
     assert Schedule.objects.filter(name="tombstones.sweep").count() == 1
+
+
+@pytest.mark.parametrize("cluster", [None, "jobs"])
+def test_sweep__its_schedule_fires_on_the_cluster_the_jobs_go_to(
+    transactional_db: None, settings: Any, monkeypatch: pytest.MonkeyPatch, cluster: str | None
+) -> None:
+    """django-q2's own scheduler, run as the only cluster (named like the jobs' one), sends the
+    sweep: a schedule without a cluster fires on a cluster of the default name only. (The
+    scheduler closes old connections: a transactional test.)"""
+    from django_q import scheduler as q_scheduler
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
+    from django_q.signing import SignedPackage
+
+    settings.TOMBSTONES_Q_OPTIONS = {"cluster": cluster} if cluster else {}
+    name = cluster or Conf.PREFIX
+    monkeypatch.setattr(Conf, "CLUSTER_NAME", name)
+    install_schedule()
+    Schedule.objects.filter(name="tombstones.sweep").update(
+        next_run=timezone.now() - timedelta(seconds=1)
+    )
+    broker = get_broker(name)
+    broker.purge_queue()
+    q_scheduler.scheduler(broker=broker)
+    sent = [SignedPackage.loads(payload).get("func") for _, payload in broker.dequeue() or []]
+    assert sent == ["tombstones.sweep.run_sweep"]
