@@ -52,6 +52,22 @@ class Stopped(BaseException):
         super().__init__(signal.Signals(signum).name)
 
 
+def stopped_by(exc: BaseException) -> Stopped | None:
+    """The :class:`Stopped` behind ``exc``, if any.
+
+    The signal may land anywhere, for example inside a commit: the ``atomic`` block's exit then
+    fails on the broken transaction and raises a database error whose context is the Stopped.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, Stopped):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return None
+
+
 @contextlib.contextmanager
 def stop_on_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
     """Turn SIGTERM, SIGINT and SIGHUP into :class:`Stopped` for the duration of the block.

@@ -210,3 +210,34 @@ def test_racestress__progress_lines_off_a_terminal_by_verbosity(
     assert len(err.getvalue().splitlines()) == lines
     if lines:
         assert err.getvalue().startswith("ordered x2: 3/10 jobs ended after ")
+
+
+def test_racestress__a_signal_inside_a_commit_still_stops_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal that lands inside a commit breaks the transaction: the atomic block's exit raises
+    a database error whose context is the Stopped. It is still a clean stop (a CI run saw it)."""
+    import signal
+
+    from django.db import ProgrammingError
+
+    from project.stress import harness
+
+    def other_error(*args: Any, **kwargs: Any) -> None:
+        raise ProgrammingError("can't change 'autocommit' now")
+
+    def chained(*args: Any, **kwargs: Any) -> None:
+        try:
+            raise harness.Stopped(signal.SIGHUP)
+        except harness.Stopped:
+            raise ProgrammingError("can't change 'autocommit' now")  # noqa: B904 - as Django does
+
+    monkeypatch.setattr(racestress.Command, "run_one", chained)
+    with pytest.raises(CommandError) as stopped:
+        call_command("racestress", "--workers", "1", "--messages", "1")
+    assert stopped.value.returncode == 128 + signal.SIGHUP
+    assert "Stopped by SIGHUP" in str(stopped.value)
+    # Any other error is not mistaken for a stop.
+    monkeypatch.setattr(racestress.Command, "run_one", other_error)
+    with pytest.raises(ProgrammingError):
+        call_command("racestress", "--workers", "1", "--messages", "1")

@@ -186,7 +186,10 @@ class Command(BaseCommand):
                         seed=options["seed"],
                     )
                     reports.append(self.run_one(plan, n, options["timeout"], options["verbosity"]))
-        except harness.Stopped as stop:
+        except BaseException as exc:
+            stop = harness.stopped_by(exc)
+            if stop is None:
+                raise
             # The cluster was stopped on the way out (run_one's finally); no traceback.
             raise CommandError(
                 f"Stopped by {stop}: the worker cluster is stopped.", returncode=128 + stop.signum
