@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
 from tests.factories import CustomerFactory
-from tests.jobkit import STAFF_CODENAMES, claim, run
+from tests.jobkit import claim, run
 from tests.jobkit import record as record_outcome
 from tombstones.dispatch import enqueue
 from tombstones.ledger import worker_id
@@ -22,17 +22,6 @@ pytestmark = pytest.mark.django_db
 # Django's own formats: "Dec. 1, 2026, 4:12 a.m." (no seconds) and "...:48.123456" (padded).
 DJANGO_DATETIME = re.compile(r"[ap]\.m\.|\d{2}:\d{2}:\d{2}\.\d{6}<")
 ONE_FORMAT = re.compile(r"<span>\d{4}-\d{2}-\d{2}</span> <span>\d{2}:\d{2}:\d{2}</span>")
-
-
-@pytest.fixture
-def staff() -> User:
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="tombstones", codename__in=STAFF_CODENAMES
-        )
-    )
-    return user
 
 
 @pytest.fixture

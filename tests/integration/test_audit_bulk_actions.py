@@ -7,16 +7,14 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.auth.models import Group, Permission, User
-from django.core.management import call_command
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
 from tests.factories import CustomerFactory
-from tests.jobkit import STAFF_CODENAMES, run
+from tests.jobkit import run
 from tombstones.dispatch import enqueue
 from tombstones.models import Job, JobEvent
-from tombstones.roles import AUDITORS
 
 pytestmark = pytest.mark.django_db
 
@@ -28,25 +26,6 @@ def _client(user: User) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def staff() -> User:
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="tombstones", codename__in=STAFF_CODENAMES
-        )
-    )
-    return user
-
-
-@pytest.fixture
-def auditor() -> User:
-    call_command("tombstones_roles", verbosity=0)
-    user = User.objects.create_user("auditor", password="pw", is_staff=True)
-    user.groups.add(Group.objects.get(name=AUDITORS))
-    return user
 
 
 def _queued() -> Job:

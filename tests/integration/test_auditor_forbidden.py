@@ -4,8 +4,7 @@ anyone else gets Django's 403."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group, Permission, User
-from django.core.management import call_command
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
@@ -22,14 +21,6 @@ def _client(user: User) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def auditor() -> User:
-    call_command("tombstones_roles", verbosity=0)
-    user = User.objects.create_user("auditor", password="pw", is_staff=True)
-    user.groups.add(Group.objects.get(name="Auditors"))
-    return user
 
 
 def test_auditor__a_staff_only_page_explains_the_role(auditor: User) -> None:
