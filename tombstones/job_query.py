@@ -89,6 +89,18 @@ class JobQuerySet(models.QuerySet["Job"]):
         earlier = Q(queued_at__lt=job.queued_at) | Q(queued_at=job.queued_at, id__lt=job.pk)
         return same_lane.filter(Q(status__in=HOLDING) | (Q(status=QUEUED) & earlier))
 
+    def longest_due_wait(self) -> timedelta | None:
+        """How long the claimable job due longest ago has been due (database clock); None if
+        nothing is claimable."""
+        waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
+        return (
+            self.filter(claimable())
+            .annotate(waited=waited)
+            .order_by("run_after")
+            .values_list("waited", flat=True)
+            .first()
+        )
+
     def next_due_in(self) -> timedelta | None:
         """How long until something becomes due (a delayed job, a retry, a lease's end), in the
         database's clock; None when nothing waits."""

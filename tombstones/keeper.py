@@ -100,9 +100,6 @@ class LeaseKeeper:
         for ``WATCH_SECONDS`` (sooner, this worker's claim may end and take it), a helper is
         called. Returns in how many seconds to look again, or None.
         """
-        from django.db.models import DurationField, ExpressionWrapper, F
-        from django.db.models.functions import Now
-
         from .alarms import _in_cluster_worker
         from .models import Job
         from .wakeups import call_helper, open_gate
@@ -111,15 +108,7 @@ class LeaseKeeper:
             return None  # nothing else would run it here (tests, commands driving the phases)
         try:
             open_gate()
-            waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
-            oldest = (
-                Job.objects.using(db)
-                .claimable()
-                .annotate(waited=waited)
-                .order_by("run_after")
-                .values_list("waited", flat=True)
-                .first()
-            )
+            oldest = Job.objects.using(db).longest_due_wait()
             if oldest is None:
                 return None  # what is enqueued from now on sends its own message
             if oldest.total_seconds() >= WATCH_SECONDS:

@@ -683,3 +683,16 @@ def test_followers__of_a_dead_worker_are_given_back_with_its_head(queued: Any) -
     alone = ledger.claim(20, whole=True)
     assert alone is not None
     assert [j.pk for j in alone.jobs] == [lane[0].pk]
+
+
+def test_longest_due_wait__of_the_claimable_job_due_longest_ago(queued: Any) -> None:
+    """What the keeper asks before calling a helper for a long claim."""
+    assert Job.objects.longest_due_wait() is None
+    lane = _lane_of(2)
+    Job.objects.filter(pk=lane[0].pk).update(run_after=Now() - Value(timedelta(seconds=5)))
+    waited = Job.objects.longest_due_wait()
+    assert waited is not None
+    assert timedelta(seconds=5) <= waited < timedelta(seconds=60)
+    taken = ledger.claim(20, whole=True)  # the head, its follower reserved: nothing claimable
+    assert taken is not None
+    assert Job.objects.longest_due_wait() is None
