@@ -9,8 +9,12 @@ by one daemon thread, at each moment it knows something becomes due:
 - at its start (a worker replaced after a crash or a timeout): at once.
 
 A ringing alarm *ticks*: it takes back lapsed leases (a crashed worker's jobs), wakes a pump if
-anything is due, and arms the next moment. Best effort: an alarm dies with its process and the
-sweep repairs what it missed; a tick that finds nothing costs three small reads.
+anything is due, and arms the next moment. A job due now is such a moment too: a tick that woke
+one looks again a second later (the wake-up may have gone nowhere). A tick that fails (the
+database is down) rings again a second later until one succeeds, and that one wakes a pump
+whatever the wake-up gate says: a job that became due during an outage runs within about a second
+of the database's return. Best effort: an alarm dies with its process and the sweep repairs what
+it missed; a tick that finds nothing costs three small reads.
 """
 
 from __future__ import annotations
@@ -34,13 +38,16 @@ MAX_PENDING = 10_000
 # Seconds an alarm rings after its moment: the database's clock decides "due", and a wake-up
 # that arrives early finds nothing to claim.
 LATE = 0.1
+# After a failed tick, or a tick that woke a due job: the next look.
+AGAIN = timedelta(seconds=1)
 
 
 class Alarms:
     """Pending ticks of one process, rung in due order by one daemon thread."""
 
-    def __init__(self, ring: Callable[[], object]) -> None:
-        self._ring_one = ring
+    def __init__(self, ring: Callable[[bool], object]) -> None:
+        self._ring_one = ring  # called with True when the tick before it failed
+        self._failed = False
         self._due: list[float] = []
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -78,13 +85,18 @@ class Alarms:
                 while self._due and self._due[0] <= ring_at + LATE:
                     heapq.heappop(self._due)
             try:
-                self._ring_one()
-            except Exception as exc:  # noqa: BLE001 - the sweep repairs it; the others still ring
-                logger.warning(
-                    "timer tick failed (%s); the sweep will pick up what was due",
-                    type(exc).__name__,
-                    extra={"tombstones": {"error_class": type(exc).__name__}},
-                )
+                self._ring_one(self._failed)
+                self._failed = False
+            except Exception as exc:  # noqa: BLE001 - rung again; the sweep is the fallback
+                if not self._failed:
+                    logger.warning(
+                        "timer tick failed (%s); trying again every %ss",
+                        type(exc).__name__,
+                        int(AGAIN.total_seconds()),
+                        extra={"tombstones": {"error_class": type(exc).__name__}},
+                    )
+                self._failed = True
+                self.add(AGAIN)
             finally:
                 connections.close_all()  # this thread's own connections
 
@@ -132,17 +144,25 @@ def arm_next(using: str | None = None) -> bool:
     return wait is not None and ring_in(wait)
 
 
-def tick(using: str | None = None) -> dict[str, Any]:
-    """Take back lapsed leases, wake a pump if anything is due, arm the next moment."""
+def tick(after_failure: bool = False, using: str | None = None) -> dict[str, Any]:
+    """Take back lapsed leases, wake a pump if anything is due, arm the next moment.
+
+    ``after_failure``: the tick before failed (an outage): what the wake-up gate says may be
+    stale (a pump that held it may have died), so a due job is woken regardless.
+    """
     from . import ledger
     from .models import Job
-    from .wakeups import wake_soon
+    from .wakeups import hand_off, wake_soon
 
     taken = ledger.take_back_lapsed(using)
     due = Job.objects.using(using).claimable().order_by("queued_at", "id")
     head = due.values_list("id", flat=True).first()
     if head is not None:
-        wake_soon(head)
+        if after_failure:
+            hand_off(head)
+        else:
+            wake_soon(head)
+        ring_in(AGAIN)  # a job due now is a next moment: look again if it is still waiting
     arm_next(using)
     return {**taken, "woken": int(head is not None)}
 

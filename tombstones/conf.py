@@ -86,6 +86,10 @@ _SETTINGS: dict[str, _Setting] = {
     "PARAMS_MAX_BYTES": _Setting(65536, "int", 2),
     # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
     "RACE_FIXTURE": _Setting({}, "dict"),
+    # Whether the worker log of a failed handler carries the exception's message and the
+    # frames' locals (they may hold personal data); None: as DEBUG. The class and the frames'
+    # file, line and function are always logged.
+    "LOG_ERROR_DETAILS": _Setting(None, "optional_bool"),
 }
 
 
@@ -99,9 +103,12 @@ class TombstoneSettings:
             return _as_timedelta(name, value)
         if spec.kind == "int":
             return _as_int(name, value, int(spec.minimum))
-        if spec.kind == "bool":
+        if spec.kind in ("bool", "optional_bool"):
+            if value is None and spec.kind == "optional_bool":
+                return None
             if not isinstance(value, bool):
-                raise ImproperlyConfigured(f"TOMBSTONES_{name} must be True or False.")
+                allowed = "True, False or None" if spec.kind == "optional_bool" else "True or False"
+                raise ImproperlyConfigured(f"TOMBSTONES_{name} must be {allowed}.")
             return value
         if spec.kind == "float":
             return _as_float(name, value, spec.minimum)
@@ -159,6 +166,11 @@ class TombstoneSettings:
     def RACE_FIXTURE(self) -> dict[str, Any]:
         return dict(self._get("RACE_FIXTURE"))
 
+    @property
+    def LOG_ERROR_DETAILS(self) -> bool | None:
+        value = self._get("LOG_ERROR_DETAILS")
+        return None if value is None else bool(value)
+
     def validate(self) -> list[str]:
         """Return one message per malformed setting (used by the system checks)."""
         errors = []
@@ -173,6 +185,13 @@ class TombstoneSettings:
         """Delay before attempt ``attempts + 1``: base * 2**(attempts-1), capped."""
         delay = self.RETRY_BACKOFF * (2 ** max(attempts - 1, 0))
         return min(delay, self.RETRY_BACKOFF_MAX)
+
+    def unknown_handler_wait(self, age_seconds: float) -> timedelta:
+        """How long a job whose handler this worker lacks waits before a worker looks again:
+        a tenth of its age, between the retry backoff's base and its cap (a deploy takes
+        seconds to minutes; a handler gone for good is looked for ever more seldom)."""
+        wait = timedelta(seconds=age_seconds / 10)
+        return min(max(wait, self.RETRY_BACKOFF), self.RETRY_BACKOFF_MAX)
 
 
 tombstone_settings = TombstoneSettings()

@@ -16,12 +16,14 @@ if TYPE_CHECKING:
 class HandlerContext:
     """Passed to every handler.
 
-    ``record`` was read fresh, inside the transaction the handler runs in, and found live at the
-    job's generation; it stays locked until that transaction commits (PostgreSQL: a row lock;
-    SQLite: the write lock), so a concurrent delete or re-create waits for the job. ``write`` and
-    ``update`` also fence every statement on that record being live at that (generation,
-    version); when a fence fails the worker rolls back whatever the handler wrote and classifies
-    the conflict itself, so a handler never needs to catch anything.
+    ``record`` is the handler's own copy of the record as checked, live at the job's generation,
+    or as the jobs before it in its group left it (read again once one of them ran on it). The
+    check holds no lock: ``update`` and ``write`` fence every statement on that record being
+    live at that (generation, version), and hold it from the write to the commit (``update``'s
+    own row lock; ``write`` a share lock on PostgreSQL; SQLite's write lock). A delete or an edit
+    that lands before the write makes it match 0 rows; one that comes after waits for the
+    commit. When a fence fails the worker rolls back whatever this job wrote (its savepoint) and
+    classifies the conflict itself, so a handler never needs to catch anything.
     """
 
     def __init__(self, claim: Claim, job: Job, record: Any) -> None:
@@ -48,12 +50,18 @@ class HandlerContext:
         if self.fence_lost is not None:
             return 0
         model, pk, generation, version = self._fence
-        matched = fencing.update_record(
-            model, pk, generation, version, fields, using=self.record._state.db
-        )
+        db = self.record._state.db
+        matched = fencing.update_record(model, pk, generation, version, fields, using=db)
         if matched:
+            computed = [n for n, v in fields.items() if hasattr(v, "resolve_expression")]
             for name, value in fields.items():
-                if not hasattr(value, "resolve_expression"):
+                if name not in computed:
+                    setattr(self.record, name, value)
+            if computed:
+                # F() and other expressions: the values the database computed (no other writer
+                # can move the row now: this UPDATE holds it until the commit).
+                row = fencing.read_fields(model, pk, computed, using=db)
+                for name, value in row.items():
                     setattr(self.record, name, value)
             self.record.version += 1
             self.writes += matched
@@ -67,10 +75,16 @@ class HandlerContext:
             return 0
         model, pk, generation, version = self._fence
         dead = self.record.deleted_at is not None
+        held = fencing.hold(model, pk, generation, version, live=not dead, using=queryset.db)
+        if held is False:  # the source moved before the write: nothing is written
+            self.fence_lost = fencing.observe(model, pk, generation, version, using=queryset.db)
+            if self.fence_lost.state == fencing.State.LIVE and not dead:
+                self.fence_lost = fencing.Observation(fencing.State.STALE, generation, version)
+            return 0
         matched = fencing.write_related(
             queryset, model, pk, generation, version, fields, live=not dead
         )
-        if matched == 0:
+        if matched == 0 and held is None:
             # 0 rows is either an empty target or a lost fence: one read tells them apart.
             seen = fencing.observe(model, pk, generation, version, using=queryset.db)
             expected = fencing.State.TOMBSTONE if dead else fencing.State.LIVE

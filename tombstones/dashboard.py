@@ -16,6 +16,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Now, TruncDate, TruncHour
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from .conf import tombstone_settings
 from .display import format_time
@@ -23,6 +24,7 @@ from .models import Job, JobEvent
 from .timeline import STATUS_COLOURS
 
 Status = Job.Status
+Reason = Job.Reason
 
 LIST_LIMIT = 50
 CHART_DAYS = 14
@@ -51,11 +53,20 @@ def _last_event_at() -> Subquery:
     )
 
 
+# A job whose handler no worker that ran it knew: a deploy in progress, or a handler to register.
+UNKNOWN_HANDLER = gettext_noop(
+    "no worker that took it has the handler %(handler)s: if a deploy is in progress it runs once "
+    "the new workers are up; otherwise register the handler (re-queue escalated jobs then)"
+)
+
+
 def _why(job: Job, lease_overdue: bool) -> str:
     reason = f" ({job.reason})" if job.reason else ""
     error = f", {job.error_class}" if job.error_class else ""
     if job.status == Status.PAUSED:
         return _("paused: the record could not be read%(reason)s") % {"reason": reason}
+    if job.reason == Reason.HANDLER_UNKNOWN and job.status in (Status.RETRY_WAIT, Status.ESCALATED):
+        return _(UNKNOWN_HANDLER) % {"handler": job.handler}
     if job.status == Status.RETRY_WAIT:
         return _("waiting to retry after attempt %(n)s%(reason)s%(error)s") % {
             "n": job.attempts,
@@ -146,6 +157,8 @@ def why_waiting(job: Job, now: datetime) -> Waiting:
         reason = f" ({job.reason})" if job.reason else ""
         text = _("paused: the record could not be read%(reason)s") % {"reason": reason}
         return Waiting(job, "paused", text)
+    if job.reason == Reason.HANDLER_UNKNOWN and job.status == Status.RETRY_WAIT:
+        return Waiting(job, "delayed", _(UNKNOWN_HANDLER) % {"handler": job.handler})
     if job.run_after > now:
         what = _("retry due at") if job.status == Status.RETRY_WAIT else _("due at")
         return Waiting(job, "delayed", what, at=job.run_after)

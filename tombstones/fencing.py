@@ -52,6 +52,7 @@ class Observation:
     state: State
     generation: int | None = None
     version: int | None = None
+    deleted: bool = False  # the row found is a tombstone (at whatever generation)
 
 
 def _plain(model: type[models.Model], using: str | None) -> models.QuerySet[Any]:
@@ -98,7 +99,16 @@ def observe(
         state = State.STALE
     else:
         state = State.LIVE
-    return Observation(state, found_generation, found_version)
+    return Observation(state, found_generation, found_version, deleted_at is not None)
+
+
+def read_fields(
+    model: type[models.Model], pk: Any, names: list[str], *, using: str | None = None
+) -> dict[str, Any]:
+    """The current values of some of a record's fields (after a write computed them)."""
+    attnames = {_field(model, n).attname: n for n in names}
+    row = _plain(model, using).filter(pk=pk).values(*attnames).get()
+    return {attnames[a]: v for a, v in row.items()}
 
 
 def conflict_error(
@@ -347,6 +357,11 @@ def tombstone_instance(instance: TombstoneModel, *, using: str | None = None) ->
     # One transaction: the read-back must see this UPDATE's row, not a concurrent recreate(), and
     # the signal's receivers write with the deletion or not at all.
     with transaction.atomic(using=db):
+        if connections[db].features.has_select_for_update:
+            # Wait for a job that holds the row (it wrote) before the UPDATE starts: deleted_at
+            # is the UPDATE's statement time, never earlier than that job's commit.
+            locked = qs.filter(deleted_at__isnull=True).select_for_update(no_key=True)
+            list(locked.values_list("pk"))
         count = _raw_update(qs.filter(deleted_at__isnull=True), _tombstone_values(model))
         if count:
             fresh = qs.values_list("version", "deleted_at").get()
@@ -482,6 +497,33 @@ def update_record(
         raise ProtectedField(model=model._meta.label, pk=pk)
     qs = _plain(model, _write_db(model, using)).filter(live_at(model, pk, generation, version))
     return qs.update(version=F("version") + 1, **fields)
+
+
+def hold(
+    model: type[models.Model],
+    pk: Any,
+    generation: int,
+    version: int,
+    *,
+    live: bool = True,
+    using: str | None = None,
+) -> bool | None:
+    """PostgreSQL: share-lock the source row if it is at the fence, until the commit.
+
+    Right before a write of another table (``ctx.write``): from then on a delete or re-create
+    of the record waits for the job's commit, so no write commits after the record died; a
+    delete committed before makes this False. None where no lock is needed (SQLite: the
+    transaction holds the database's write lock already).
+    """
+    db = _write_db(model, using)
+    connection = connections[db]
+    if connection.vendor != "postgresql":
+        return None
+    fence = _plain(model, db).filter(live_at(model, pk, generation, version, live=live))
+    sql, params = fence.values_list("pk").query.get_compiler(using=db).as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} FOR SHARE", params)
+        return cursor.fetchone() is not None
 
 
 def write_related(

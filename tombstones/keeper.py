@@ -6,6 +6,12 @@ own database connection, a third of a lease after the claim and every third of a
 that, so the renewals commit at once whatever transaction the handlers are in. A claim that ends
 sooner (the usual case) costs no renewal. A worker that dies stops renewing, and its leases run
 out.
+
+The same thread watches each claim: one still held after ``WATCH_SECONDS`` is slow (a handler
+runs long), so the claim's jobs whose turn has not come go back to the queue at once
+(:func:`tombstones.ledger.give_back`) and a helper is called for whatever is due, so that no job
+waits for another record's slow handler. (Not on SQLite: the slow handler's transaction holds the
+database's write lock, so no other worker could run them meanwhile.)
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class LeaseKeeper:
     def __init__(self) -> None:
         # token -> (database alias, renew at, watch at)
         self._held: dict[str, tuple[str, float, float]] = {}
+        self._claims: dict[str, Claim] = {}
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -50,6 +57,7 @@ class LeaseKeeper:
         now = time.monotonic()
         with self._changed:
             self._held[claim.token] = (claim.using, now + self._period(), now + WATCH_SECONDS)
+            self._claims[claim.token] = claim
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._renew_forever, name="tombstones-leases", daemon=True
@@ -61,6 +69,7 @@ class LeaseKeeper:
         finally:
             with self._changed:
                 self._held.pop(claim.token, None)
+                self._claims.pop(claim.token, None)
 
     def holding(self) -> int:
         with self._changed:
@@ -84,6 +93,10 @@ class LeaseKeeper:
                     self._held[token] = (db, renew_at, watch_at)
             if renew:
                 self.renew(renew)
+            with self._changed:
+                slow = [c for t in watch if (c := self._claims.get(t)) is not None]
+            for claim in slow:
+                self.give_back(claim)
             again = {db: self.call_help(db) for db in set(watch.values())}
             with self._changed:
                 for token, db in watch.items():
@@ -91,6 +104,24 @@ class LeaseKeeper:
                     entry, delay = self._held.get(token), again[db]
                     if entry is not None and delay is not None:
                         self._held[token] = (db, entry[1], time.monotonic() + delay)
+
+    @staticmethod
+    def give_back(claim: Claim) -> None:
+        """A slow claim: the jobs whose turn has not come go to the other workers now."""
+        from .ledger import give_back
+        from .wakeups import runs_in_sync
+
+        if claim.workers < 2 or runs_in_sync() or connections[claim.using].vendor == "sqlite":
+            return  # nobody else could run them sooner
+        try:
+            if give_back(claim):
+                from .wakeups import call_helper
+
+                call_helper()
+        except Exception as exc:  # noqa: BLE001 - they run after the slow job instead
+            logger.warning("could not hand over a slow claim's jobs (%s)", type(exc).__name__)
+        finally:
+            connections.close_all()
 
     @staticmethod
     def call_help(db: str) -> float | None:

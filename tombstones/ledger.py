@@ -12,16 +12,19 @@ import logging
 import math
 import os
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import BooleanField, Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from . import job_query
 from .conf import tombstone_settings
@@ -69,15 +72,41 @@ def worker_id() -> str:
 # --- claim ------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class Claim:
-    """Jobs one worker took with one UPDATE: they share a token and a lease."""
+    """Jobs one worker took with one UPDATE: they share a token and a lease.
+
+    Shared by the worker's thread, which runs the jobs, and the lease keeper's, which may give
+    the jobs not started yet back while a slow one runs (:meth:`begin`, :func:`give_back`).
+    """
 
     token: str
     worker: str
     using: str
     jobs: Sequence[Job]
     left: int = 0  # due lane heads seen and not taken (for the other workers)
+    workers: int = 1  # worker processes of the cluster, as the claim saw them
+    # The database's clock at the claim's look, and this process's monotonic clock then: events
+    # are stamped in database time at the step they record, without asking the database again.
+    clock: tuple[datetime, float] | None = None
+    started: set[int] = field(default_factory=set)  # jobs whose turn came (worker thread)
+    returned: set[int] = field(default_factory=set)  # jobs given back (keeper thread)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def db_now(self) -> datetime:
+        """The database's time now, as read at the claim plus the time elapsed here since."""
+        if self.clock is None:
+            return timezone.now()
+        at, then = self.clock
+        return at + timedelta(seconds=time.monotonic() - then)
+
+    def begin(self, job_id: int) -> bool:
+        """The worker starts this job's turn: False if it was given back meanwhile."""
+        with self.lock:
+            if job_id in self.returned:
+                return False
+            self.started.add(job_id)
+            return True
 
 
 def lease_until() -> Any:
@@ -118,9 +147,11 @@ def claim(
             pk=OuterRef("pk")
         )
         heads = heads.annotate(more=Exists(behind))
-    seen = list(heads.order_by("queued_at", "id")[: limit * max(workers, 1)])
+    looked = heads.annotate(db_now=Now()).order_by("queued_at", "id")
+    seen: list[Job] = list(looked[: limit * max(workers, 1)])
     if not seen:
         return None
+    clock = (seen[0].db_now, time.monotonic())  # type: ignore[attr-defined]
     if _suspect(seen[0]):
         chosen = seen[:1]
     else:
@@ -148,25 +179,35 @@ def claim(
         "sending_at": None,
     }
     try:
-        matched = _update(db, take, values)
+        # The claim and its ``claimed`` events commit together: a worker that dies in a handler
+        # leaves the record of its claim. Every event of a claim is stamped by one clock (the
+        # database's, read at the look), so that they keep their order.
+        with transaction.atomic(using=db):
+            stamp = clock[0] + timedelta(seconds=time.monotonic() - clock[1])
+            matched = int(take.update(**values))
+            if matched == len(mine):
+                for job in chosen:
+                    job.status = Status.RUNNING
+                jobs = [*chosen, *followers]
+                for job in jobs:
+                    job.claim_token, job.owner = token, wid
+                    job.attempts += 1
+            else:  # another worker took some of them meanwhile
+                jobs = _read_back(rows, token, db)
+            JobEvent.objects.using(db).bulk_create(
+                [event_row(job, Event.CLAIMED, worker=wid, at=stamp) for job in jobs]
+            )
     except IntegrityError:
         # The unique running-lane index refused a second running job of a lane: look again.
-        return Claim(token, wid, db, [], left=len(seen))
-    if matched == len(mine):
-        for job in chosen:
-            job.status = Status.RUNNING
-        jobs = [*chosen, *followers]
-        for job in jobs:
-            job.claim_token, job.owner = token, wid
-            job.attempts += 1
-    else:  # another worker took some of them meanwhile
-        jobs = _read_back(rows, token, db)
+        return Claim(token, wid, db, [], left=len(seen), workers=workers, clock=clock)
     return Claim(
         token,
         wid,
         db,
         sorted(jobs, key=_place),
         left=len(seen) - sum(job.status == Status.RUNNING for job in jobs),
+        workers=workers,
+        clock=clock,
     )
 
 
@@ -212,13 +253,6 @@ def _read_back(rows: Any, token: str, db: str) -> list[Job]:
     return [job for job in jobs if job.pk not in stray]
 
 
-def _update(db: str, qs: Any, values: dict[str, Any]) -> int:
-    if connections[db].in_atomic_block:
-        with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
-            return int(qs.update(**values))
-    return int(qs.update(**values))  # one statement in autocommit: no BEGIN/COMMIT
-
-
 def _place(job: Job) -> tuple[Any, int]:
     return (job.queued_at, job.pk)
 
@@ -229,6 +263,30 @@ SUSPECT = (Reason.LEASE_EXPIRED, Reason.CRASHED)
 
 def _suspect(job: Job) -> bool:
     return job.reason in SUSPECT
+
+
+def give_back(claim: Claim) -> list[int]:
+    """From the lease keeper, while a slow job holds the claim: the jobs whose turn has not come
+    go back to the queue, uncharged, for the other workers (the worker thread then skips them).
+
+    Its own connection: the worker's transaction holds none of these rows.
+    """
+    with claim.lock:
+        ids = [job.pk for job in claim.jobs if job.pk not in claim.started | claim.returned]
+        if not ids:
+            return []
+        try:
+            _mine(claim, ids).update(
+                status=Status.QUEUED,
+                attempts=F("attempts") - 1,
+                lease_expires_at=None,
+                claim_token="",
+            )
+        except DatabaseError as exc:
+            logger.warning("could not give back the jobs of a slow claim (%s)", type(exc).__name__)
+            return []
+        claim.returned.update(ids)
+    return ids
 
 
 def renew(tokens: Iterable[str], *, using: str | None = None) -> int:
@@ -268,7 +326,8 @@ class Outcome:
     found: Found = (None, None)
     error_class: str = ""
     retry_in: timedelta | None = None  # retry_wait: when it becomes due again
-    erase_params: bool = False  # the record is gone: nothing of the job's params is kept
+    erase_params: bool = False  # the job ended: nothing of its params is kept (see keeps_params)
+    refund: bool = False  # the claim did not count: its attempt is given back
     writes: int = 0
     events: list[JobEvent] = field(default_factory=list)
 
@@ -282,9 +341,15 @@ class Outcome:
 
 
 def event_row(
-    job: Job, event: str, reason: str = Reason.NONE, found: Found = (None, None), worker: str = ""
+    job: Job,
+    event: str,
+    reason: str = Reason.NONE,
+    found: Found = (None, None),
+    worker: str = "",
+    at: datetime | None = None,
 ) -> JobEvent:
-    return JobEvent(
+    """An (unsaved) event; ``at``: its time (default: the database's when it is inserted)."""
+    row = JobEvent(
         job_id=job.pk,
         content_type_id=job.content_type_id,
         object_id=job.object_id,
@@ -296,6 +361,9 @@ def event_row(
         found_version=found[1],
         worker=worker,
     )
+    if at is not None:
+        row.created_at = at
+    return row
 
 
 def record(claim: Claim, outcomes: Sequence[Outcome]) -> None:
@@ -314,6 +382,7 @@ def record(claim: Claim, outcomes: Sequence[Outcome]) -> None:
                 outcome.reason,
                 outcome.found,
                 claim.worker,
+                at=claim.db_now(),
             )
         )
     matched = _write(_mine(claim, [o.job_id for o in outcomes]), outcomes, claim.using)
@@ -337,6 +406,9 @@ def transition(
     qs = Job.objects.using(db).filter(pk=job.pk, status__in=from_status)
     if extra_filter is not None:
         qs = qs.filter(extra_filter)
+    erasure = _params_after(job, status, db)
+    if erasure is not None:
+        fields.setdefault("params", erasure)
     outcome = Outcome(job, status, reason)
     outcome.events.append(
         event_row(job, event or EVENT_FOR_STATUS[status], reason, worker=fields.pop("by", ""))
@@ -346,6 +418,36 @@ def transition(
             return False
         _after([outcome], db)
     return True
+
+
+EMPTY_PARAMS = Value({}, models.JSONField())
+
+
+def _params_after(job: Job, status: str, db: str) -> Any:
+    """What a change to ``status`` outside a claim writes to the params (None: kept).
+
+    A job's params are erased when it ends, whatever it ends with, except a success (its record's
+    tombstone erases them) and an uncertain job whose record lives (staff may resend it once).
+    """
+    if status not in Job.TERMINAL or status == Status.SUCCEEDED:
+        return None
+    if status == Status.UNCERTAIN:
+        live = live_record(job, db)
+        if live is not None:
+            return Case(When(Exists(live), then=F("params")), default=EMPTY_PARAMS)
+    return EMPTY_PARAMS
+
+
+def live_record(job: Job, db: str) -> models.QuerySet[Any] | None:
+    """The job's record, if it is live at the job's generation (None: not a record model)."""
+    from django.contrib.contenttypes.models import ContentType
+
+    model = ContentType.objects.db_manager(db).get_for_id(job.content_type_id).model_class()
+    if model is None or not hasattr(model, "all_objects"):
+        return None
+    return models.QuerySet(model, using=db).filter(
+        pk=job.object_id, generation=job.generation, deleted_at__isnull=True
+    )
 
 
 def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **extra: Any) -> int:
@@ -375,6 +477,9 @@ def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **ext
     erase = {pk for pk, o in by_id.items() if o.erase_params}
     if erase:
         fields["params"] = _only(erase, by_id, Value({}, models.JSONField()), F("params"))
+    refund = {pk for pk, o in by_id.items() if o.refund}
+    if refund:
+        fields["attempts"] = _only(refund, by_id, F("attempts") - 1, F("attempts"))
     fields.update(extra)
     matched = qs.update(**fields)
     if matched:
@@ -450,17 +555,26 @@ def release(
                 job.status, job.attempts = Status.QUEUED, job.attempts - 1
         if culprit is not None:
             outcome = crash_outcome(culprit, error_class)
-            outcome.events.insert(0, event_row(culprit, Event.CLAIMED, worker=claim.worker))
             outcome.events.append(
-                event_row(culprit, EVENT_FOR_STATUS[outcome.status], outcome.reason)
+                event_row(
+                    culprit, EVENT_FOR_STATUS[outcome.status], outcome.reason, at=claim.db_now()
+                )
             )
             sending = Q(sending_at__isnull=False)
             if _write(_mine(claim, [culprit.pk]).exclude(sending), [outcome], db):
                 _after([outcome], db)
             else:  # its external call was sent: the outcome is unknown, never repeated
-                uncertain = Outcome(culprit, Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN)
-                uncertain.error_class = error_class
-                uncertain.events = [event_row(culprit, Event.UNCERTAIN, Reason.OUTCOME_UNKNOWN)]
+                live = live_record(culprit, db)
+                uncertain = Outcome(
+                    culprit,
+                    Status.UNCERTAIN,
+                    Reason.OUTCOME_UNKNOWN,
+                    error_class=error_class,
+                    erase_params=live is None or not live.exists(),
+                )
+                uncertain.events = [
+                    event_row(culprit, Event.UNCERTAIN, Reason.OUTCOME_UNKNOWN, at=claim.db_now())
+                ]
                 if _write(_mine(claim, [culprit.pk]).filter(sending), [uncertain], db):
                     _after([uncertain], db)
 
@@ -472,7 +586,9 @@ def crash_outcome(job: Job, error_class: str = "") -> Outcome:
     retry would hold the lane ahead of them).
     """
     if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
-        return Outcome(job, Status.FAILED, Reason.CRASHED, error_class=error_class)
+        return Outcome(
+            job, Status.FAILED, Reason.CRASHED, error_class=error_class, erase_params=True
+        )
     if job.status == Status.QUEUED:
         return Outcome(job, Status.QUEUED, Reason.CRASHED, error_class=error_class)
     delay = tombstone_settings.backoff(job.attempts)
@@ -563,7 +679,7 @@ def mark_sending(
     with transaction.atomic(using=claim.using):
         if not _mine(claim, [job.pk]).filter(source_live).update(sending_at=Now()):
             return False
-        rows = [*events, event_row(job, Event.SENDING, worker=claim.worker)]
+        rows = [*events, event_row(job, Event.SENDING, worker=claim.worker, at=claim.db_now())]
         JobEvent.objects.using(claim.using).bulk_create(rows)
     return True
 
@@ -572,7 +688,8 @@ def mark_sent(claim: Claim, job: Job) -> bool:
     with transaction.atomic(using=claim.using):
         if not _mine(claim, [job.pk]).update(sent_at=Now()):
             return False
-        event_row(job, Event.SENT, worker=claim.worker).save(using=claim.using)
+        sent = event_row(job, Event.SENT, worker=claim.worker, at=claim.db_now())
+        sent.save(using=claim.using)
     return True
 
 

@@ -42,12 +42,16 @@ class Job(models.Model):
         MISSING_FENCE = "missing_fence"  # the job row has no generation or version
         RECORD_MISSING = "record_missing"  # neither record nor tombstone exists
         TOMBSTONE_UNREADABLE = "tombstone_unreadable"  # a database error while reading the record
-        HANDLER_UNKNOWN = "handler_unknown"  # no handler registered under the job's name
+        # No handler registered under the job's name: waits (retry_wait, uncharged) for a
+        # worker that has it; escalated once older than TOMBSTONES_JOB_MAX_AGE.
+        HANDLER_UNKNOWN = "handler_unknown"
         QUEUE_EXPIRED = "queue_expired"  # older than the maximum queue age
         OUTCOME_UNKNOWN = "outcome_unknown"  # timeout or crash after an external call was sent
         DELETED_DURING_SEND = "deleted_during_send"  # the record was deleted during the send
         RETRIES_EXHAUSTED = "retries_exhausted"  # temporary failures past TOMBSTONES_MAX_ATTEMPTS
         HANDLER_ERROR = "handler_error"  # the handler raised; its writes rolled back
+        # The handler caught a database error and went on: its transaction could not commit.
+        TRANSACTION_BROKEN = "transaction_broken"
         TRANSIENT = "transient"  # a temporary failure (retry_wait)
         LEASE_EXPIRED = "lease_expired"  # the worker vanished; returned to the queue
         CRASHED = "crashed"  # its claim ended without an outcome (the worker died or exited)
@@ -189,7 +193,7 @@ class JobEvent(models.Model):
         ESCALATED = "escalated"
         EXPIRED = "expired"
         FAILED = "failed"
-        REQUEUED = "requeued"  # the sweep took a job back from a vanished worker
+        REQUEUED = "requeued"  # back in the queue: from a vanished worker, or by staff
         RESUMED = "resumed"  # a paused job was resumed
         CANCELLED = "cancelled"
         RESOLVED = "resolved"  # staff resolved an uncertain job

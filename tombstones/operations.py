@@ -133,6 +133,12 @@ def skip_head(job: Job, seen: str, by: str = "") -> bool:
     return _cancel(job, seen, Event.SKIPPED, by, extra_filter=_lane_head_only())
 
 
+def _not_reserved() -> Q:
+    # A queued job with a claim token is a lane follower a running worker reserved: it belongs to
+    # that claim, which records its outcome with its head's (taking it away would roll them back).
+    return Q(claim_token="")
+
+
 def _cancel(job: Job, seen: str, event: str, by: str, extra_filter: Q | None = None) -> bool:
     applied = ledger.transition(
         job,
@@ -141,11 +147,31 @@ def _cancel(job: Job, seen: str, event: str, by: str, extra_filter: Q | None = N
         from_status=(seen,),
         event=event,
         by=by,
-        extra_filter=extra_filter,
+        extra_filter=_not_reserved() & (extra_filter or Q()),
         lease_expires_at=None,
     )
     if applied:
         _wake_next(job)
+    return applied
+
+
+def requeue(job: Job, seen: str, by: str = "") -> bool:
+    """An escalated job whose handler was unknown goes back to its place once the handler is
+    deployed: the worker repeats the whole check (a record deleted meanwhile still rejects it)."""
+    applied = ledger.transition(
+        job,
+        Status.QUEUED,
+        Reason.NONE,
+        from_status=(seen,),
+        event=Event.REQUEUED,
+        by=by,
+        extra_filter=Q(reason=Reason.HANDLER_UNKNOWN) & ~job_query.too_old(),
+        finished_at=None,
+        claim_token="",
+        lease_expires_at=None,
+    )
+    if applied:
+        _after_commit(job, partial(wake_soon, job.pk))
     return applied
 
 
@@ -195,6 +221,17 @@ ACTIONS: dict[str, StaffAction] = {
             resume,
         ),
         StaffAction(
+            "requeue",
+            "resume_job",
+            gettext_lazy("Re-queue"),
+            gettext_lazy(
+                "No worker knew this job's handler when it ran. Once the handler is deployed, the "
+                "job is queued again in its place; the worker repeats the whole check."
+            ),
+            (Status.ESCALATED,),
+            requeue,
+        ),
+        StaffAction(
             "cancel",
             "cancel_job",
             gettext_lazy("Cancel"),
@@ -221,25 +258,23 @@ def why_not(action: StaffAction, job: Job) -> str:
     """Why ``action`` cannot apply to ``job`` now ("" if it can): ids and statuses only."""
     if job.status not in action.from_status:
         return _("its status is %(status)s") % {"status": job.status}
+    if action.slug in ("cancel", "skip") and job.claim_token:
+        return _("a worker has reserved it to run next in its lane; it runs in a moment")
     if action.slug == "resolve-resend" and was_resent(job):
         return _("it was resent once already")
     if action.slug == "skip" and not is_lane_head(job):
         return _("it is not the head of its lane")
+    if action.slug == "requeue":
+        if job.reason != Reason.HANDLER_UNKNOWN:
+            return _("only a job escalated for an unknown handler can be re-queued")
+        if Job.objects.using(job._state.db).filter(pk=job.pk).too_old().exists():
+            return _("it is older than TOMBSTONES_JOB_MAX_AGE and would expire at once")
     return ""
 
 
 def available(job: Job) -> list[StaffAction]:
     """The actions that make sense for the job's current state (permissions not considered)."""
-    found = []
-    for action in ACTIONS.values():
-        if job.status not in action.from_status:
-            continue
-        if action.slug == "resolve-resend" and was_resent(job):
-            continue
-        if action.slug == "skip" and not is_lane_head(job):
-            continue
-        found.append(action)
-    return found
+    return [action for action in ACTIONS.values() if not why_not(action, job)]
 
 
 def is_lane_head(job: Job) -> bool:

@@ -1,26 +1,36 @@
 """The worker's phases for claimed jobs: claim → check → act-and-record.
 
-Internal jobs act in groups: ONE transaction reads their records under a row lock (PostgreSQL
-``FOR NO KEY UPDATE``; SQLite's write lock), checks each job against its record, runs the
-handlers' fenced writes and records every outcome with one UPDATE. A delete or re-create of a
-record waits for that commit, or lands before the read and rejects the job. When a handler
-raises or loses its fence, the group rolls back and each of its jobs takes the same road alone.
+- **Check**: one plain read per model of the jobs' records (no lock, outside the act's
+  transaction) and the stop conditions: a job that must not act gets its outcome here.
+- **Act and record**: internal jobs act in *groups* of ONE transaction. Each job runs in a
+  savepoint of its own, on the record as the jobs before it left it (read again once a job of
+  the group ran on it), so a failure, a lost fence or a crash rolls back that job alone and never
+  another's finished work. The check holds nothing: the fence is the write (``ctx.update`` is the
+  conditional UPDATE; ``ctx.write`` holds the source row from its write to the commit), so a
+  delete or an edit landing while a handler runs is never kept waiting by it; the write then
+  matches 0 rows and the job is rejected or re-reads. The group's outcomes are recorded with one
+  UPDATE before it commits.
 
 The worker (:mod:`tombstones.runner`) runs these functions; the race fixture
-(:mod:`tombstones.testing`) drives the very same ones one step at a time.
+(:mod:`tombstones.testing`) drives the very same ones one step at a time: its "start" is the claim
+and the check, its "write" the act.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
+import traceback
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Exists, Q
+from django.db.transaction import TransactionManagementError
 
 from . import alarms, fencing, ledger
 from .conf import tombstone_settings
@@ -29,8 +39,8 @@ from .exceptions import LeaseLost, TransientError, UnknownHandler
 from .fencing import State
 from .ledger import Claim, Outcome
 from .models import Job, JobEvent
-from .registry import Handler, get_handler
-from .signals import job_checked
+from .registry import Handler, get_handler, registered
+from .signals import job_checked, send_hook
 
 logger = logging.getLogger("tombstones")
 
@@ -41,8 +51,11 @@ Event = JobEvent.Event
 # Exceptions that mean "temporary, nothing was written or sent": retried with backoff.
 TRANSIENT = (TransientError, TimeoutError, ConnectionError)
 # A group's transaction closes once its handlers ran this long: on SQLite it holds the
-# database's write lock, and the jobs not started yet may go to another worker.
+# database's write lock, and whatever a handler wrote stays locked until the commit.
 GROUP_SECONDS = 0.2
+# Jobs per group at most: each runs in a savepoint, and PostgreSQL keeps the first 64
+# subtransactions of a transaction in shared memory (past that, every snapshot slows down).
+GROUP_JOBS = 50
 
 
 @dataclass(eq=False)
@@ -52,18 +65,13 @@ class Attempt:
     claim: Claim
     job: Job
     handler: Handler | None = None
-    record: Any = None  # the record as last read
-    outcome: Outcome | None = None
-    lost: bool = False  # the lease was taken over: nothing more is written for it
+    record: Any = None  # the record as checked (or as the jobs before it in its group left it)
+    stop: Outcome | None = None  # decided at the check: the job does not act
+    outcome: Outcome | None = None  # recorded
+    lost: bool = False  # no longer this claim's (taken over, or given back): nothing is written
     busy: bool = False  # its check or handler is running (a crash now is its own)
     checked: bool = False
-    # Checked on its own (the race fixture's "start"): the next act writes against that read,
-    # so that a change landing in between is caught by the fenced write itself.
-    prechecked: bool = False
-    events: list[JobEvent] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.events.append(ledger.event_row(self.job, Event.CLAIMED, worker=self.claim.worker))
+    events: list[JobEvent] = field(default_factory=list)  # written with its outcome
 
     @property
     def follower(self) -> bool:
@@ -79,6 +87,13 @@ class Attempt:
         events, self.events = self.events, []
         return Outcome(self.job, status, reason, events=events, **kwargs)
 
+    def event(
+        self, event: str, reason: str = Reason.NONE, found: ledger.Found = (None, None)
+    ) -> None:
+        """A pending event, stamped now (the database's clock, as the claim read it)."""
+        at = self.claim.db_now()
+        self.events.append(ledger.event_row(self.job, event, reason, found, self.claim.worker, at))
+
 
 def claim(job_id: int, *, using: str | None = None) -> Attempt | None:
     """Phase 1 for one given job (the race fixture): take its lease, if it is claimable now."""
@@ -93,13 +108,8 @@ def claim(job_id: int, *, using: str | None = None) -> Attempt | None:
 Records = dict[tuple[int, str], Any]
 
 
-def read_records(jobs: Sequence[Job], *, lock: bool, using: str) -> Records:
-    """One read per model of the jobs' records, tombstones included.
-
-    ``lock``: inside the act transaction, rows locked in pk order (PostgreSQL ``FOR NO KEY
-    UPDATE``: a concurrent delete or re-create waits for the commit; SQLite's transaction holds
-    the write lock already).
-    """
+def read_records(jobs: Sequence[Job], *, using: str) -> Records:
+    """One plain read per model of the jobs' records, tombstones included (no lock)."""
     wanted: dict[Any, set[str]] = defaultdict(set)
     for job in jobs:
         wanted[job.content_type].add(job.object_id)
@@ -108,30 +118,104 @@ def read_records(jobs: Sequence[Job], *, lock: bool, using: str) -> Records:
         model = content_type.model_class()
         if model is None or not hasattr(model, "all_objects"):
             continue
-        rows = model.all_objects.using(using).filter(pk__in=pks)
-        if lock and connections[using].features.has_select_for_update:
-            rows = rows.select_for_update(no_key=True).order_by("pk")
-        for record in rows:
+        for record in model.all_objects.using(using).filter(pk__in=pks):
             found[(content_type.pk, str(record.pk))] = record
     return found
 
 
-def classify(attempt: Attempt, records: Records) -> Outcome | None:
-    """Phase 2: the stop conditions, then the job against its record as read.
+def check_all(attempts: Sequence[Attempt]) -> None:
+    """Phase 2: read the records of the attempts not checked yet, and apply the stop conditions.
 
-    Returns the outcome when the job must not act, None when it may (``attempt.record`` is then
-    the record to act on). A record read at a newer version than the previous read is a re-read.
+    A job that must not act gets ``attempt.stop`` (recorded with its group); the others get the
+    record to act on and their ``checked`` event.
     """
+    todo = [a for a in attempts if not a.checked and not a.done]
+    if not todo:
+        return
+    # ``busy`` names the job a crash in here is charged to (the read: only when it is alone).
+    for attempt in todo:
+        attempt.checked = attempt.busy = True
+        attempt.stop = _before_reading(attempt)
+        attempt.busy = False
+    readable = [a for a in todo if a.stop is None]
+    if not readable:
+        return
+    readable[0].busy = len(readable) == 1  # stays set if the read raises anything else
+    try:
+        records = read_records([a.job for a in readable], using=todo[0].claim.using)
+    except DatabaseError as exc:
+        readable[0].busy = False
+        for attempt in readable:
+            attempt.stop = _unreadable(attempt, exc)
+        return
+    readable[0].busy = False
+    for attempt in readable:
+        record: Any = records.get(_key(attempt.job))
+        attempt.stop = against(attempt, record)
+        if attempt.stop is None:
+            attempt.record = record  # against() let it through: the record exists
+            attempt.event(Event.CHECKED, found=(record.generation, record.version))
+
+
+def check(attempt: Attempt) -> Outcome | None:
+    """Phase 2 on its own (the race fixture's "start"): the check; a stop is recorded at once."""
+    check_all([attempt])
+    if attempt.stop is not None:
+        return _record_alone(attempt, attempt.stop)
+    return None
+
+
+def _before_reading(attempt: Attempt) -> Outcome | None:
+    """The stop conditions that need no read of the record."""
     job = attempt.job
     if not job.is_fenced:
-        return attempt.end(Status.ESCALATED, Reason.MISSING_FENCE)
-    if getattr(job, "too_old", False):
-        return attempt.end(Status.EXPIRED, Reason.QUEUE_EXPIRED)
+        return attempt.end(Status.ESCALATED, Reason.MISSING_FENCE, erase_params=True)
+    too_old = bool(getattr(job, "too_old", False))
     try:
         attempt.handler = get_handler(job.handler)
     except UnknownHandler:
-        return attempt.end(Status.ESCALATED, Reason.HANDLER_UNKNOWN)
-    record = records.get((job.content_type_id, job.object_id))
+        if too_old:
+            # No worker knew it for TOMBSTONES_JOB_MAX_AGE: not a deploy any more.
+            return attempt.end(Status.ESCALATED, Reason.HANDLER_UNKNOWN, erase_params=True)
+        return _park(attempt)
+    if too_old:
+        return attempt.end(Status.EXPIRED, Reason.QUEUE_EXPIRED, erase_params=True)
+    return None
+
+
+def _park(attempt: Attempt) -> Outcome:
+    """A handler this worker does not know: a deploy in progress, most likely (new code on the
+    web, old code here). The job waits, uncharged and holding its lane, for a worker that knows
+    it; longer the longer nobody does."""
+    job = attempt.job
+    delay = tombstone_settings.unknown_handler_wait(job_age(attempt))
+    logger.warning(
+        "job %s: this worker has no handler %r; it waits %ss for a worker that has one. A deploy "
+        "in progress needs nothing; otherwise register the handler (it is escalated after "
+        "TOMBSTONES_JOB_MAX_AGE).",
+        job.pk,
+        job.handler,
+        int(delay.total_seconds()),
+        extra={"tombstones": {"job_id": job.pk, "handler": job.handler, "known": _known()}},
+    )
+    return attempt.end(Status.RETRY_WAIT, Reason.HANDLER_UNKNOWN, retry_in=delay, refund=True)
+
+
+def _known() -> int:
+    return len(registered())
+
+
+def job_age(attempt: Attempt) -> float:
+    """Seconds since the job was enqueued (the database's clock)."""
+    created = attempt.job.created_at
+    if created is None:
+        return 0.0
+    return max((attempt.claim.db_now() - created).total_seconds(), 0.0)
+
+
+def against(attempt: Attempt, record: Any | None) -> Outcome | None:
+    """The job against its record as read: None when it may act on it."""
+    job = attempt.job
     if record is None:
         return attempt.end(Status.ESCALATED, Reason.RECORD_MISSING, erase_params=True)
     found = (record.generation, record.version)
@@ -139,49 +223,82 @@ def classify(attempt: Attempt, records: Records) -> Outcome | None:
         return attempt.end(
             Status.REJECTED, Reason.GENERATION_CHANGED, found=found, erase_params=True
         )
-    if record.deleted_at is not None and not attempt.handler.accepts_tombstones:
+    handler = cast(Handler, attempt.handler)
+    if record.deleted_at is not None and not handler.accepts_tombstones:
         return attempt.end(Status.REJECTED, Reason.SOURCE_DELETED, found=found, erase_params=True)
-    previous, attempt.record = attempt.record, record
-    if not attempt.checked:
-        attempt.checked = True
-        attempt.events.append(_event(attempt, Event.CHECKED, found=found))
-    elif previous is not None and previous.version != record.version:
-        return _reread(attempt, found)
     return None
 
 
-def _reread(attempt: Attempt, found: ledger.Found) -> Outcome | None:
-    """The record moved on (same generation, newer version): decide again, a bounded number of
-    times, then back off."""
-    job = attempt.job
-    if job.rereads >= tombstone_settings.STALE_REREADS:
-        return _retry(attempt, Reason.STALE_VERSION)
-    job.rereads += 1
-    attempt.events.append(_event(attempt, Event.REREAD, Reason.STALE_VERSION, found))
-    return None
+def _unreadable(attempt: Attempt, exc: BaseException) -> Outcome:
+    """The record could not be read: state unknown, never assumed live. Paused (resumed by the
+    sweep), and like any other claim it counts against TOMBSTONES_MAX_ATTEMPTS."""
+    if attempt.job.attempts >= tombstone_settings.MAX_ATTEMPTS:
+        return attempt.end(
+            Status.FAILED, Reason.RETRIES_EXHAUSTED, error_class=_cls(exc), erase_params=True
+        )
+    return attempt.end(Status.PAUSED, Reason.TOMBSTONE_UNREADABLE, error_class=_cls(exc))
 
 
-def check(attempt: Attempt) -> Outcome | None:
-    """Phase 2 on its own (the race fixture's "start"): one read, no lock; a stop is recorded."""
-    try:
-        records = read_records([attempt.job], lock=False, using=attempt.claim.using)
-    except DatabaseError:
-        return _record_alone(attempt, attempt.end(Status.PAUSED, Reason.TOMBSTONE_UNREADABLE))
-    stop = classify(attempt, records)
-    if stop is not None:
-        return _record_alone(attempt, stop)
-    attempt.prechecked = True
-    return None
+def _key(job: Job) -> tuple[int, str]:
+    return (job.content_type_id, job.object_id)
 
 
 # --- act -------------------------------------------------------------------------------------
 
 
-class _Trouble(Exception):
-    """A handler raised or lost its fence: its group rolls back."""
+class _FenceLost(Exception):
+    """A fenced write matched 0 rows: the job's savepoint rolls back."""
 
-    def __init__(self, attempt: Attempt, error: Exception | None, seen: Any = None) -> None:
-        self.attempt, self.error, self.seen = attempt, error, seen
+
+class _Broken(Exception):
+    """The handler went on after a database error: its transaction can no longer commit."""
+
+    def __init__(self, first: BaseException | None) -> None:
+        self.first = first
+
+
+class _Crash(Exception):
+    """A handler raised a BaseException (SystemExit, KeyboardInterrupt): its savepoint rolled
+    back; the group records what it decided, then the exception goes on."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+@dataclass
+class _Group:
+    """One act transaction."""
+
+    started: float = field(default_factory=time.monotonic)
+    touched: set[tuple[int, str]] = field(default_factory=set)  # records a handler ran on
+    wrote: bool = False  # a job wrote: its rows stay locked until the commit
+
+    def closes_before(self, attempt: Attempt, decided: int) -> bool:
+        if not decided:
+            return False
+        if decided >= GROUP_JOBS or time.monotonic() - self.started > GROUP_SECONDS:
+            return True
+        # What the jobs before wrote must not wait for a handler known to be slow.
+        return self.wrote and handler_times.slow(attempt.job.handler)
+
+
+class HandlerTimes:
+    """How long each handler last ran in this process: a slow one runs in a group of its own."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def note(self, name: str, seconds: float) -> None:
+        self._last[name] = seconds
+
+    def slow(self, name: str) -> bool:
+        return self._last.get(name, 0.0) > GROUP_SECONDS / 2
+
+    def clear(self) -> None:
+        self._last.clear()
+
+
+handler_times = HandlerTimes()
 
 
 def act(attempt: Attempt) -> Outcome | None:
@@ -193,83 +310,43 @@ def act(attempt: Attempt) -> Outcome | None:
 
 
 def act_group(attempts: Sequence[Attempt]) -> list[Attempt]:
-    """Act on internal jobs in one transaction; returns those not started (the group was cut).
+    """Check (if not done yet) and act on internal jobs in one transaction.
 
-    Outcomes land on ``attempt.outcome``. A handler that raises or loses its fence rolls the
-    group back: alone, its job is classified (retry, failure, re-read, rejection); with others,
-    each job of the group takes this road alone.
+    Returns the attempts not started (the group was closed, or their lane's job before them did
+    not finish). Outcomes land on ``attempt.outcome`` once committed.
     """
-    try:
-        return _act_once(attempts)
-    except _Trouble as trouble:
-        if len(attempts) > 1:
-            held: set[str] = set()
-            left: list[Attempt] = []
-            for attempt in attempts:
-                if attempt.follower and attempt.job.lane in held:
-                    left.append(attempt)
-                    continue
-                if not attempt.done:
-                    _act_alone(attempt)
-                if attempt.outcome is None or attempt.outcome.status not in Job.TERMINAL:
-                    held.add(attempt.job.lane)
-            return left
-        _after_trouble(trouble)
-        if not attempts[0].done:  # a re-read: decide again on the fresh record
-            _act_alone(attempts[0])
-        return []
-    except DatabaseError:
-        # The records could not be read (or the outcome not written): state unknown, never
-        # assumed live. The transaction rolled back; each job is paused on its own.
-        for attempt in attempts:
-            if not attempt.done:
-                _record_alone(attempt, attempt.end(Status.PAUSED, Reason.TOMBSTONE_UNREADABLE))
-        return []
-
-
-def _act_alone(attempt: Attempt) -> None:
-    for _ in range(tombstone_settings.STALE_REREADS + 2):
-        try:
-            _act_once([attempt])
-        except _Trouble as trouble:
-            _after_trouble(trouble)
-        except DatabaseError:
-            _record_alone(attempt, attempt.end(Status.PAUSED, Reason.TOMBSTONE_UNREADABLE))
-        if attempt.done:
-            return
-    _record_alone(attempt, _retry(attempt, Reason.STALE_VERSION))  # cannot happen: bounded
-
-
-def _act_once(attempts: Sequence[Attempt]) -> list[Attempt]:
+    check_all(attempts)
     claim = attempts[0].claim
     db = claim.using
-    outcomes: list[Outcome] = []
-    decided: list[Attempt] = []
+    group = _Group()
+    decided: list[tuple[Attempt, Outcome]] = []
     rest: list[Attempt] = []
-    started = time.monotonic()
+    crash: _Crash | None = None
     try:
         with transaction.atomic(using=db):
-            for attempt in attempts:
-                attempt.busy = len(attempts) == 1
-            records = read_records([a.job for a in attempts], lock=True, using=db)
             held: set[str] = set()  # lanes whose job before stays unfinished: followers wait
             for index, attempt in enumerate(attempts):
+                if attempt.done:
+                    continue
                 if attempt.follower and attempt.job.lane in held:
                     rest.append(attempt)  # its turn does not come: given back by the runner
                     continue
-                attempt.busy = True
-                stop = None if attempt.prechecked else classify(attempt, records)
-                attempt.prechecked = False
-                outcome = stop or _run_handler(attempt)
-                attempt.busy = False
-                outcomes.append(outcome)
-                decided.append(attempt)
+                if group.closes_before(attempt, len(decided)):
+                    rest += [a for a in attempts[index:] if not a.done]
+                    break
+                if not claim.begin(attempt.job.pk):
+                    attempt.lost = True  # given back while a slow job ran: another worker's now
+                    continue
+                try:
+                    outcome = attempt.stop or _run(attempt, group)
+                except _Crash as caught:
+                    crash = caught
+                    rest += [a for a in attempts[index + 1 :] if not a.done]
+                    break
+                decided.append((attempt, outcome))
                 if outcome.status not in Job.TERMINAL:
                     held.add(attempt.job.lane)
-                if time.monotonic() - started > GROUP_SECONDS:
-                    rest += attempts[index + 1 :]
-                    break
-            ledger.record(claim, outcomes)
+            ledger.record(claim, [outcome for _, outcome in decided])
     except LeaseLost:
         # Taken over while we held it (a zombie): our writes rolled back, nothing is ours.
         ids = [a.job.pk for a in attempts]
@@ -281,33 +358,111 @@ def _act_once(attempts: Sequence[Attempt]) -> list[Attempt]:
         for attempt in attempts:
             attempt.lost = True
         return []
-    except _Trouble:
-        # Rolled back: the decided jobs' events wait for their outcome again, and a record a
-        # handler changed in memory is read afresh (not counted as a re-read).
-        for attempt in decided:
-            attempt.events = [e for o in outcomes if o.job is attempt.job for e in o.events]
-        if len(attempts) > 1:
-            for attempt in attempts:
-                attempt.record = None
-        raise
-    for attempt, outcome in zip(decided, outcomes, strict=True):
+    except DatabaseError as exc:
+        # The outcomes could not be written (the database went away, or the commit failed):
+        # all of it rolled back. The jobs go back; a job alone in its group is charged.
+        _give_back_group(claim, [a for a, _ in decided] + rest, exc)
+        return []
+    for attempt, outcome in decided:
         attempt.outcome = outcome
         if outcome.retry_in is not None:
             _ring_after_commit(outcome)
+    if crash is not None:
+        raise crash.exc
     return rest
 
 
-def _run_handler(attempt: Attempt) -> Outcome:
-    """Call the handler on the checked record; its writes are fenced on (generation, version)."""
-    job_checked.send(sender=Job, job=attempt.job)
-    ctx = HandlerContext(attempt.claim, attempt.job, attempt.record)
+def _give_back_group(claim: Claim, attempts: list[Attempt], exc: DatabaseError) -> None:
+    alone = attempts[0] if len(attempts) == 1 else None
+    logger.error(
+        "could not record the outcomes of job(s) %s (%s); they are given back",
+        [a.job.pk for a in attempts],
+        _cls(exc),
+        extra={"tombstones": {"job_ids": [a.job.pk for a in attempts], "error_class": _cls(exc)}},
+    )
     try:
-        attempt.handler.func(ctx)  # type: ignore[union-attr]
-    except Exception as exc:  # classified by _after_trouble, outside the rollback
-        raise _Trouble(attempt, exc) from exc
-    if ctx.fence_lost is not None:
-        raise _Trouble(attempt, None, ctx.fence_lost)
-    record = attempt.record
+        ledger.release(
+            claim,
+            [a.job for a in attempts],
+            culprit=alone.job if alone else None,
+            suspects=alone is None,
+            error_class=_cls(exc),
+        )
+    except DatabaseError:
+        logger.warning("could not give back %s job(s); their leases will lapse", len(attempts))
+    for attempt in attempts:
+        attempt.lost = True
+
+
+def _run(attempt: Attempt, group: _Group) -> Outcome:
+    """One job of a group, in savepoints of its own: the handler, and its re-reads."""
+    attempt.busy = True
+    db = attempt.claim.using
+    fresh = _key(attempt.job) in group.touched  # a job before it changed the record
+    for _ in range(tombstone_settings.STALE_REREADS + 2):  # bounded by the re-reads
+        errors = _StatementErrors()
+        ctx: HandlerContext | None = None
+        started = time.monotonic()
+        try:
+            with transaction.atomic(using=db), connections[db].execute_wrapper(errors):
+                if fresh:
+                    stop = _read_again(attempt)
+                    fresh = False
+                    if stop is not None:
+                        attempt.busy = False
+                        return stop
+                send_hook(job_checked, attempt.job)
+                ctx = HandlerContext(attempt.claim, attempt.job, copy.copy(attempt.record))
+                cast(Handler, attempt.handler).func(ctx)
+                if _aborted(db):
+                    raise _Broken(errors.first)
+                if ctx.fence_lost is not None:
+                    raise _FenceLost
+        except _FenceLost:
+            outcome = _after_lost_fence(attempt, cast(HandlerContext, ctx).fence_lost)
+            if outcome is None:
+                fresh = True  # decide again on the record as it is now
+                continue
+        except _Broken as broken:
+            outcome = _broke_transaction(attempt, broken.first)
+        except _Unreadable as unreadable:
+            outcome = _unreadable(attempt, unreadable.error)
+        except Exception as exc:  # noqa: BLE001 - classified here, after its savepoint rolled back
+            outcome = _after_error(attempt, exc, errors.first)
+        except BaseException as exc:
+            raise _Crash(exc) from exc  # still busy: the crash is this job's
+        else:
+            assert ctx is not None
+            handler_times.note(attempt.job.handler, time.monotonic() - started)
+            group.touched.add(_key(attempt.job))
+            group.wrote = group.wrote or ctx.writes > 0
+            outcome = _succeeded(attempt, ctx)
+        attempt.busy = False
+        return outcome
+    attempt.busy = False
+    return _retry(attempt, Reason.STALE_VERSION)  # cannot happen: the re-reads are bounded
+
+
+class _Unreadable(Exception):
+    def __init__(self, error: DatabaseError) -> None:
+        self.error = error
+
+
+def _read_again(attempt: Attempt) -> Outcome | None:
+    """Inside the job's savepoint: the record as the jobs before it (or the world) left it."""
+    try:
+        records = read_records([attempt.job], using=attempt.claim.using)
+    except DatabaseError as exc:
+        raise _Unreadable(exc) from exc
+    record = records.get(_key(attempt.job))
+    stop = against(attempt, record)
+    if stop is None:
+        attempt.record = record
+    return stop
+
+
+def _succeeded(attempt: Attempt, ctx: HandlerContext) -> Outcome:
+    record = ctx.record
     return attempt.end(
         Status.SUCCEEDED,
         found=(record.generation, record.version),
@@ -316,54 +471,163 @@ def _run_handler(attempt: Attempt) -> Outcome:
     )
 
 
-def _after_trouble(trouble: _Trouble) -> None:
-    """Alone, after the rollback: what the handler's error or lost fence means for its job."""
-    attempt, exc = trouble.attempt, trouble.error
-    if exc is None:
-        _after_lost_fence(attempt)
-    elif isinstance(exc, TRANSIENT):
-        _record_alone(attempt, _retry(attempt, Reason.TRANSIENT, _cls(exc)))
-    elif isinstance(exc, IntegrityError):
+def _after_lost_fence(attempt: Attempt, seen: fencing.Observation | None) -> Outcome | None:
+    """A fenced write matched 0 rows (its savepoint rolled back): what the record became.
+
+    A newer version of the live record (or, for a handler that accepts tombstones, the tombstone
+    of its generation) is not a deletion: None, decide again on a fresh read, a bounded number of
+    times, then back off. A tombstone or another generation rejects the job.
+    """
+    handler = cast(Handler, attempt.handler)
+    state = seen.state if seen is not None else State.STALE
+    newer = state in (State.LIVE, State.STALE) or (
+        state == State.TOMBSTONE and handler.accepts_tombstones
+    )
+    if not newer:
+        return _rejection(attempt, cast(fencing.Observation, seen))
+    job = attempt.job
+    if job.rereads >= tombstone_settings.STALE_REREADS:
+        return _retry(attempt, Reason.STALE_VERSION)
+    job.rereads += 1
+    found = (seen.generation, seen.version) if seen is not None else (None, None)
+    attempt.event(Event.REREAD, Reason.STALE_VERSION, found)
+    return None
+
+
+def _after_error(attempt: Attempt, exc: Exception, first: BaseException | None) -> Outcome:
+    """What the handler's error means for its job (its writes rolled back)."""
+    if _in_failed_transaction(exc):
+        # A statement refused because of an earlier database error the handler swallowed.
+        return _broke_transaction(attempt, first if first is not exc else None)
+    if isinstance(exc, TRANSIENT):
+        _log_failure(attempt, exc, "retried")
+        return _retry(attempt, Reason.TRANSIENT, _cls(exc))
+    if isinstance(exc, IntegrityError):
         # A constraint the handler broke will break again: not temporary.
-        _record_alone(attempt, _failed(attempt, exc))
-    elif isinstance(exc, DatabaseError):
-        # Connection lost, lock timeout, serialization failure: rolled back, retried.
-        _record_alone(attempt, _retry(attempt, Reason.TRANSIENT, _cls(exc)))
-    else:
-        _record_alone(attempt, _failed(attempt, exc))
+        return _failed(attempt, exc)
+    if isinstance(exc, DatabaseError):
+        # Deadlock, lock timeout, serialization failure: rolled back, retried.
+        _log_failure(attempt, exc, "retried")
+        return _retry(attempt, Reason.TRANSIENT, _cls(exc))
+    return _failed(attempt, exc)
 
 
-def _after_lost_fence(attempt: Attempt) -> None:
-    """A fenced write matched 0 rows: read again (no lock) and classify."""
-    try:
-        records = read_records([attempt.job], lock=False, using=attempt.claim.using)
-    except DatabaseError:
-        _record_alone(attempt, attempt.end(Status.PAUSED, Reason.TOMBSTONE_UNREADABLE))
-        return
-    previous = attempt.record
-    stop = classify(attempt, records)
-    same = attempt.record is not None and previous is not None
-    if stop is None and same and attempt.record.version == previous.version:
-        # The handler moved the record itself outside the context: treat as stale.
-        stop = _reread(attempt, (previous.generation, previous.version))
-    if stop is not None:
-        _record_alone(attempt, stop)
+def _broke_transaction(attempt: Attempt, first: BaseException | None) -> Outcome:
+    """The handler caught a database error and went on: on PostgreSQL its transaction is then
+    unusable and nothing it wrote can commit. Its own failure, never a pause or a retry."""
+    if first is not None:
+        _log_failure(attempt, first, "failed")
+    return attempt.end(
+        Status.FAILED,
+        Reason.TRANSACTION_BROKEN,
+        error_class=_cls(first) if first is not None else "",
+        erase_params=True,
+    )
 
 
 def _failed(attempt: Attempt, exc: BaseException) -> Outcome:
-    return attempt.end(Status.FAILED, Reason.HANDLER_ERROR, error_class=_cls(exc))
+    _log_failure(attempt, exc, "failed")
+    return attempt.end(
+        Status.FAILED, Reason.HANDLER_ERROR, error_class=_cls(exc), erase_params=True
+    )
 
 
 def _retry(attempt: Attempt, reason: str, error_class: str = "") -> Outcome:
     job = attempt.job
     if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
-        return attempt.end(Status.FAILED, Reason.RETRIES_EXHAUSTED, error_class=error_class)
+        return attempt.end(
+            Status.FAILED, Reason.RETRIES_EXHAUSTED, error_class=error_class, erase_params=True
+        )
     delay = tombstone_settings.backoff(job.attempts)
     return attempt.end(Status.RETRY_WAIT, reason, error_class=error_class, retry_in=delay)
 
 
+def _log_failure(attempt: Attempt, exc: BaseException, then: str) -> None:
+    """The handler's error for a developer: class and traceback frames (file, line, function).
+
+    The message and the frames' locals may carry personal data: only with
+    ``TOMBSTONES_LOG_ERROR_DETAILS`` (default: ``DEBUG``).
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]
+    details = tombstone_settings.LOG_ERROR_DETAILS
+    if details is None:
+        details = bool(settings.DEBUG)
+    extra: dict[str, Any] = {
+        "job_id": attempt.job.pk,
+        "handler": attempt.job.handler,
+        "error_class": _cls(exc),
+        "frames": where,
+    }
+    text = f"job {attempt.job.pk} handler {attempt.job.handler} raised {_cls(exc)} ({then})"
+    if details:
+        extra["error_message"] = str(exc)
+        extra["locals"] = _locals(exc)
+        text += f": {exc}"
+    lines = "\n".join(f"  {w}" for w in where)
+    level = logging.WARNING if then == "retried" else logging.ERROR
+    logger.log(level, "%s\n%s", text, lines, extra={"tombstones": extra})
+
+
+def _locals(exc: BaseException) -> list[dict[str, str]]:
+    found = []
+    tb = exc.__traceback__
+    while tb is not None:
+        found.append({name: _short(value) for name, value in tb.tb_frame.f_locals.items()})
+        tb = tb.tb_next
+    return found
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that raises must not hide the handler's error
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class _StatementErrors:
+    """An execute wrapper around a handler: the first database error any statement raised."""
+
+    def __init__(self) -> None:
+        self.first: BaseException | None = None
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        try:
+            return execute(sql, params, many, context)
+        except DatabaseError as exc:
+            if self.first is None:
+                self.first = exc
+            raise
+
+
+def _in_failed_transaction(exc: BaseException) -> bool:
+    """PostgreSQL's "current transaction is aborted" (SQLSTATE 25P02), or Django's refusal to
+    run a query after an error inside an ``atomic(savepoint=False)`` block."""
+    if isinstance(exc, TransactionManagementError):
+        return True
+    return isinstance(exc, DatabaseError) and getattr(exc.__cause__, "sqlstate", None) == "25P02"
+
+
+def _aborted(db: str) -> bool:
+    """True when the connection's transaction is in PostgreSQL's failed state."""
+    conn = connections[db]
+    raw = conn.connection
+    if conn.vendor != "postgresql" or raw is None:
+        return False
+    info = getattr(raw, "info", None)  # psycopg 3
+    if info is not None:
+        from psycopg import pq
+
+        return bool(info.transaction_status == pq.TransactionStatus.INERROR)
+    status = getattr(raw, "get_transaction_status", None)  # psycopg2
+    return status is not None and status() == 3  # TRANSACTION_STATUS_INERROR
+
+
 def _record_alone(attempt: Attempt, outcome: Outcome) -> Outcome:
-    """Record one outcome in a transaction of its own (after a rollback, or at the check)."""
+    """Record one outcome in a transaction of its own (the check's stop, an external job)."""
     try:
         with transaction.atomic(using=attempt.claim.using):
             ledger.record(attempt.claim, [outcome])
@@ -383,12 +647,6 @@ def _ring_after_commit(outcome: Outcome) -> None:
         transaction.on_commit(lambda: alarms.ring_in(delay), using=outcome.job._state.db)
 
 
-def _event(
-    attempt: Attempt, event: str, reason: str = Reason.NONE, found: ledger.Found = (None, None)
-) -> JobEvent:
-    return ledger.event_row(attempt.job, event, reason, found, attempt.claim.worker)
-
-
 def _cls(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
@@ -399,12 +657,15 @@ def _cls(exc: BaseException) -> str:
 def act_external(attempt: Attempt) -> Outcome | None:
     """check → sending (committed) → call → sent → check again. Uncertain is never repeated."""
     claim, job = attempt.claim, attempt.job
+    if not claim.begin(job.pk):
+        attempt.lost = True  # given back while a slow job ran: another worker's now
+        return None
     attempt.busy = True
-    if attempt.record is None or not attempt.checked:
-        stop = check(attempt)
-        if stop is not None or attempt.done:
-            attempt.busy = False
-            return attempt.outcome
+    if not attempt.checked:
+        check_all([attempt])
+    if attempt.stop is not None:
+        attempt.busy = False
+        return _record_alone(attempt, attempt.stop)
     handler, record = cast(Handler, attempt.handler), attempt.record
     model = type(record)
     same = model.all_objects.using(claim.using).filter(pk=record.pk, generation=job.generation)
@@ -419,14 +680,23 @@ def act_external(attempt: Attempt) -> Outcome | None:
     attempt.events = []
     ctx = HandlerContext(claim, job, record)
     try:
+        send_hook(job_checked, job)
         handler.func(ctx)
     except TransientError as exc:
         # The handler states nothing was delivered (e.g. connection refused): safe to retry.
         ledger.clear_sending(claim, job)
+        _log_failure(attempt, exc, "retried")
         return _record_alone(attempt, _retry(attempt, Reason.TRANSIENT, _cls(exc)))
     except Exception as exc:  # noqa: BLE001 - after sending, any error leaves the outcome unknown
+        _log_failure(attempt, exc, "uncertain")
         return _record_alone(
-            attempt, attempt.end(Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN, error_class=_cls(exc))
+            attempt,
+            attempt.end(
+                Status.UNCERTAIN,
+                Reason.OUTCOME_UNKNOWN,
+                error_class=_cls(exc),
+                erase_params=record.deleted_at is not None,
+            ),
         )
     ledger.mark_sent(claim, job)
     seen = fencing.observe(model, record.pk, job.generation, None, using=claim.using)
@@ -436,7 +706,7 @@ def act_external(attempt: Attempt) -> Outcome | None:
         # Deleted or re-created during the call: what landed is unknown. Never repeated; staff
         # decide, unless a later job of the lane will send the record's newer state anyway.
         status = Status.SUPERSEDED if _overtaken(job, seen) else Status.UNCERTAIN
-        outcome = attempt.end(status, Reason.DELETED_DURING_SEND, found=found)
+        outcome = attempt.end(status, Reason.DELETED_DURING_SEND, found=found, erase_params=True)
     else:
         outcome = attempt.end(
             Status.SUCCEEDED, found=found, erase_params=seen.state == State.TOMBSTONE
@@ -446,18 +716,23 @@ def act_external(attempt: Attempt) -> Outcome | None:
 
 
 def _overtaken(job: Job, seen: fencing.Observation) -> bool:
-    """A later unfinished external job of the lane, for this record, carries its newer state."""
-    newer = Q(generation__gt=job.generation) | Q(generation=job.generation, version__gt=job.version)
-    if seen.generation is not None:
-        newer &= Q(generation__gte=seen.generation)
+    """A later unfinished external job of the lane, for this record, will send what the record
+    became: it carries the record's current generation, and, when the record is now a
+    tombstone, its handler runs on tombstones (any other job would be rejected, sending
+    nothing)."""
+    if seen.state == State.MISSING or seen.generation is None:
+        return False
     later = Q(queued_at__gt=job.queued_at) | Q(queued_at=job.queued_at, id__gt=job.pk)
-    return (
+    candidates = (
         Job.objects.using(job._state.db)
         .unfinished()
-        .filter(later, newer, lane=job.lane, external=True)
+        .filter(later, lane=job.lane, external=True, generation=seen.generation)
         .for_record(job.content_type_id, job.object_id)
-        .exists()
     )
+    if seen.deleted:
+        runs_on_tombstones = [n for n, h in registered().items() if h.accepts_tombstones]
+        candidates = candidates.filter(handler__in=runs_on_tombstones)
+    return candidates.exists()
 
 
 def _rejection(attempt: Attempt, seen: fencing.Observation) -> Outcome:

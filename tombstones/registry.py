@@ -6,6 +6,7 @@ time a handler is looked up, so workers find them without extra configuration.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,27 @@ class Handler:
 _registry: dict[str, Handler] = {}
 _discovered = False
 
+# The width of Job.handler: a longer name could not be stored.
+MAX_NAME_LENGTH = 200
+
+
+def check_name(name: object) -> None:
+    """A handler name is stored in every job row: a non-empty str of at most 200 characters,
+    without control characters (PostgreSQL refuses NUL) or surrounding whitespace."""
+    if not isinstance(name, str) or not name:
+        raise ImproperlyConfigured("A job handler needs a non-empty string name.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ImproperlyConfigured(
+            f"A job handler name has at most {MAX_NAME_LENGTH} characters "
+            f"(this one has {len(name)})."
+        )
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in name):
+        raise ImproperlyConfigured(
+            "A job handler name cannot hold control or format characters (NUL included)."
+        )
+    if name != name.strip():
+        raise ImproperlyConfigured("A job handler name cannot start or end with whitespace.")
+
 
 def handler(
     name: str, *, external: bool = False, accepts_tombstones: bool = False
@@ -47,8 +69,7 @@ def handler(
     record is a tombstone *of the job's generation* (``ctx.record.is_tombstone``), and may be
     enqueued for a tombstone. A re-created record (another generation) still rejects it.
     """
-    if not isinstance(name, str) or not name:
-        raise ImproperlyConfigured("A job handler needs a non-empty string name.")
+    check_name(name)
 
     def register(func: HandlerFunc) -> HandlerFunc:
         wanted = Handler(

@@ -11,7 +11,8 @@ handlers are quick (its last claim's jobs took under ``QUICK_JOB_SECONDS`` each:
 running them back to back in one transaction beats several splitting them); otherwise, and at
 first, its share of the due heads (1/workers), and a helper message wakes another worker for the
 rest. A claim still running after
-``phases.GROUP_SECONDS`` gives the jobs it has not started back to the queue for the others.
+``phases.GROUP_SECONDS`` gives the jobs it has not started back to the queue for the others, and
+while one handler runs long the lease keeper gives them back at once (:mod:`tombstones.keeper`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .conf import tombstone_settings
 from .keeper import keeper
 from .ledger import Claim, Outcome
 from .models import Job
-from .signals import job_claimed
+from .signals import job_claimed, send_hook
 
 logger = logging.getLogger("tombstones")
 
@@ -112,7 +113,7 @@ def run_claim(
     with keeper().hold(claim):
         try:
             for attempt in attempts:
-                job_claimed.send(sender=Job, job=attempt.job)
+                send_hook(job_claimed, attempt.job)
             queue = sorted(attempts, key=lambda a: a.job.external)  # internal ones first
             while queue:
                 if queue[0].job.external:

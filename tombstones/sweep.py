@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from . import job_query, ledger
 from .conf import tombstone_settings
 from .models import Job
@@ -25,13 +27,15 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
     """Take back lapsed leases, expire old jobs, resume paused ones, wake a pump if any is due."""
     counts = {**ledger.take_back_lapsed(using, limit=BATCH), "expired": 0, "resumed": 0}
     jobs = Job.objects.using(using).select_related("content_type")
-    for job in jobs.too_old().filter(status__in=Job.CLAIMABLE)[:BATCH]:
+    # A reserved lane follower (queued with a claim token) is its claim's: that worker records it
+    # expired itself.
+    for job in jobs.too_old().filter(status__in=Job.CLAIMABLE, claim_token="")[:BATCH]:
         counts["expired"] += ledger.transition(
             job,
             Status.EXPIRED,
             Reason.QUEUE_EXPIRED,
             from_status=tuple(Job.CLAIMABLE),
-            extra_filter=job_query.too_old(),  # still too old
+            extra_filter=job_query.too_old() & Q(claim_token=""),  # still too old, not reserved
         )
     for job in jobs.filter(status=Status.PAUSED)[:BATCH]:
         # Resumed as queued, in its place: the check is repeated from scratch when it runs.

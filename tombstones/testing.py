@@ -12,7 +12,14 @@ Each case is an ordered event script over one record ``R`` and jobs ``J``, ``J1`
 
 and an expected outcome per job: ``succeeded``, ``reread`` (succeeded after re-reading a newer
 version), or ``<status>:<reason>`` such as ``rejected:source_deleted``. Nothing here re-implements
-the check or the write: :mod:`tombstones.phases` does both, against the real database.
+the check or the write: :mod:`tombstones.phases` does both, against the real database, and the
+worker takes exactly this road: the check reads the record without a lock, and the act writes
+against what it read, so a change landing in between is caught by the fenced write itself.
+
+By default each case runs in one transaction of the caller's connection, rolled back (nothing is
+left, and no running worker sees the jobs). With ``rollback=False`` the cases commit and the
+record's events (delete, recreate, update) run on a second, real connection, as another request
+would: use it on a test database (pytest's ``transactional_db``), with no cluster running.
 
 Use it from ``manage.py racefixture`` or from pytest (the ``tombstone_race`` fixture)::
 
@@ -24,6 +31,7 @@ Use it from ``manage.py racefixture`` or from pytest (the ``tombstone_race`` fix
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +40,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.utils import timezone
 
 from . import phases
@@ -261,7 +269,9 @@ class RaceFixture:
     """Runs cases against ``model`` and ``handler``; each case in a transaction rolled back.
 
     ``make_record()`` returns a new saved live record (default: sample values). The rollback keeps
-    the user's database unchanged and hides the jobs from any running worker.
+    the user's database unchanged and hides the jobs from any running worker. ``rollback=False``
+    commits instead, and runs the record's events on a second connection (see the module
+    docstring).
     """
 
     def __init__(
@@ -298,10 +308,12 @@ class RaceFixture:
         case.validate()
         result = CaseResult(case, {}, 0)
         try:
-            with transaction.atomic(using=self.using):
-                self._play(case, result)
-                if self.rollback:
+            if self.rollback:
+                with transaction.atomic(using=self.using):
+                    self._play(case, result)
                     raise _Rollback
+            else:
+                self._play(case, result)
         except _Rollback:
             pass
         except Exception as exc:  # noqa: BLE001 - a case that errors is reported, not raised
@@ -318,22 +330,27 @@ class RaceFixture:
         pk = record.pk
         jobs: dict[str, Any] = {}
         attempts: dict[str, phases.Attempt | None] = {}
+        db = self.using
+        fields = {
+            n: v
+            for n, v in identity.items()
+            if n not in PROTECTED_FIELDS and n != model._meta.pk.name
+        }
+        fields[key] = identity[key]
+        changes: dict[str, Callable[[], Any]] = {
+            "delete": lambda: model.all_objects.using(db).get(pk=pk).delete(),
+            "recreate": lambda: model.all_objects.db_manager(db).recreate(**fields),
+            "update": lambda: model.all_objects.using(db).filter(pk=pk).update(),
+        }
         for event in case.events:
             verb, _, name = event.partition(" ")
             if verb == "enqueue":
-                jobs[name] = enqueue(self.handler, model.all_objects.get(pk=pk), using=self.using)
-            elif verb == "delete":
-                model.all_objects.get(pk=pk).delete()
-            elif verb == "recreate":
-                fields = {
-                    n: v
-                    for n, v in identity.items()
-                    if n not in PROTECTED_FIELDS and n != model._meta.pk.name
-                }
-                fields[key] = identity[key]
-                model.all_objects.recreate(**fields)
-            elif verb == "update":
-                model.all_objects.filter(pk=pk).update()
+                jobs[name] = enqueue(self.handler, model.all_objects.using(db).get(pk=pk), using=db)
+            elif verb in changes:
+                if self.rollback:
+                    changes[verb]()
+                else:
+                    on_second_connection(changes[verb], using=db)
             elif verb in ("start", "run"):
                 attempt = phases.claim(jobs[name].pk, using=self.using)
                 attempts[name] = attempt
@@ -355,6 +372,37 @@ class RaceFixture:
         outcome = phases.act(attempt)
         if outcome is not None:
             result.writes += outcome.writes
+
+
+def on_second_connection(action: Callable[[], Any], *, using: str | None = None) -> Any:
+    """Run ``action`` in a thread of its own (its own database connection), committed on return,
+    as another request would; re-raises what it raised."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            with transaction.atomic(using=using):
+                outcome["result"] = action()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target, name="tombstones-race-fixture")
+    thread.start()
+    thread.join(SECOND_CONNECTION_SECONDS)
+    if thread.is_alive():
+        raise FixtureError(
+            f"The second connection did not finish within {SECOND_CONNECTION_SECONDS} s "
+            "(it waits for a lock the job holds)."
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
+
+
+# The longest a record's event on the second connection may take (a lock wait is a finding).
+SECOND_CONNECTION_SECONDS = 30
 
 
 def _label(job: Any, attempt: phases.Attempt | None) -> str:

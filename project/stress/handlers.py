@@ -16,6 +16,12 @@ Params understood by all three (ids and timings only):
     ``transient_attempts`` (``stress.apply``): raise a TransientError on attempts up to this one;
     ``crash`` (``stress.apply``): ``"sigkill"`` kills the worker process, ``"exit"`` raises
     SystemExit, on attempts up to ``crash_attempts`` (default: every attempt).
+
+``stress.count`` is the most ordinary handler there is: read a field, write a value computed from
+it (``how="read"``: from ``ctx.record``; ``how="f"``: an ``F()`` expression).
+
+``stress.added_in_deploy`` exists only in processes started with ``STRESS_DEPLOYED=1``: the new
+code of a rolling deploy, which the old workers lack.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import signal as signals
 import time
 from pathlib import Path
 from typing import Any
+
+from django.db.models import F
 
 import tombstones
 from tombstones.context import HandlerContext
@@ -118,3 +126,23 @@ def apply(ctx: HandlerContext) -> None:
     )
     rendezvous(params)
     _delay(params)
+
+
+@tombstones.handler("stress.count")
+def count(ctx: HandlerContext) -> None:
+    """Internal read-modify-write of ``counter`` (+1), after the optional rendezvous and delay."""
+    rendezvous(ctx.params)
+    _delay(ctx.params)
+    if ctx.params.get("how") == "f":
+        ctx.update(counter=F("counter") + 1)
+    else:
+        ctx.update(counter=ctx.record.counter + 1)
+
+
+def added_in_deploy(ctx: HandlerContext) -> None:
+    """A handler of the new code: marks the record (payload) as the deploy's."""
+    ctx.update(payload=f"deployed-by-job-{ctx.job.pk}")
+
+
+if os.environ.get("STRESS_DEPLOYED") == "1":
+    tombstones.handler("stress.added_in_deploy")(added_in_deploy)

@@ -13,6 +13,7 @@ class StressEntity(TombstoneModel):
 
     key = models.CharField(max_length=64, unique=True)  # business key
     payload = models.CharField(max_length=200)
+    counter = models.PositiveIntegerField(default=0)  # read-modify-write jobs (stress.count)
 
     class TombstoneMeta:
         business_key = "key"

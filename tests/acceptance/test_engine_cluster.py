@@ -196,3 +196,29 @@ def test_engine__a_job_due_while_a_long_claim_runs_goes_to_another_worker() -> N
     slow.refresh_from_db()
     quick.refresh_from_db()
     assert quick.finished_at < slow.finished_at
+
+
+def test_engine__a_deploy_a_handler_the_old_workers_lack_waits_for_the_new_ones() -> None:
+    """Web processes run the new code first: the job reaches an old worker, which gives it back
+    uncharged instead of escalating it for good; a worker of the new code then runs it."""
+    from project.stress.handlers import added_in_deploy
+    from tests.jobkit import temp_handler
+
+    record = entity("DEPLOY")
+    with temp_handler("stress.added_in_deploy", added_in_deploy):  # the new web code
+        with broker_cluster(1) as old:  # an old worker: no such handler
+            job = enqueue("stress.added_in_deploy", record)
+            wait_for(
+                lambda: Job.objects.filter(pk=job.pk, reason=Reason.HANDLER_UNKNOWN).exists(),
+                timeout=30,
+            )
+            log = old.log_tail(200)
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.finished_at) == (Status.RETRY_WAIT, 0, None)
+        assert "register the handler" in log
+        with broker_cluster(1, STRESS_DEPLOYED="1"):  # the new workers
+            wait_for(lambda: finished(job), timeout=30)
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.SUCCEEDED, 1)
+    record.refresh_from_db()
+    assert record.payload == f"deployed-by-job-{job.pk}"

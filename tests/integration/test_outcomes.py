@@ -11,6 +11,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.db.models import F, Value
 from django.db.models.functions import Now
+from django.utils import timezone
 
 import tombstones
 from project.customers.models import Customer, SheetRow
@@ -335,9 +336,24 @@ def test_purged_record__escalated_record_missing(customer: Customer) -> None:
     assert (job.status, job.reason) == (Status.ESCALATED, Reason.RECORD_MISSING)
 
 
-def test_unknown_handler__escalated(customer: Customer) -> None:
+def test_unknown_handler__waits_uncharged_for_a_worker_that_knows_it(customer: Customer) -> None:
+    """A deploy, not a verdict: the job keeps its place (and its lane), uncharged."""
     job = tombstones.enqueue("customers.update_sheet_row", customer)
     Job.objects.filter(pk=job.pk).update(handler="customers.renamed_handler")
+    job = run(job)
+    assert (job.status, job.reason, job.attempts) == (Status.RETRY_WAIT, Reason.HANDLER_UNKNOWN, 0)
+    assert job.run_after > timezone.now()
+    assert job.finished_at is None
+
+
+def test_unknown_handler__escalated_once_no_worker_knew_it_for_the_max_age(
+    customer: Customer, settings: Any
+) -> None:
+    settings.TOMBSTONES_JOB_MAX_AGE = timedelta(hours=1)
+    job = tombstones.enqueue("customers.update_sheet_row", customer)
+    Job.objects.filter(pk=job.pk).update(
+        handler="customers.renamed_handler", created_at=Now() - Value(timedelta(hours=2))
+    )
     job = run(job)
     assert (job.status, job.reason) == (Status.ESCALATED, Reason.HANDLER_UNKNOWN)
 

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from project.customers.models import Customer
-from tests.factories import CustomerFactory
+from tests.factories import CustomerFactory, SheetRowFactory
 from tombstones.models import Job
 from tombstones.testing import SEED_CASES, WORKED_EXAMPLE, Case, FixtureError, RaceFixture
 
@@ -44,6 +44,36 @@ def test_fixture__rolls_back_every_case() -> None:
     RaceFixture(Customer, "customers.update_sheet_row").run([*SEED_CASES, WORKED_EXAMPLE])
     assert not Customer.all_objects.exists()
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("handler", ["customers.update_sheet_row", "t.write_only"])
+def test_fixture__committed_the_record_changes_on_a_second_real_connection(
+    settings: Any, handler: str
+) -> None:
+    """The worker's own road (a check without a lock, the fence at the write), with every delete,
+    re-create and update made by another connection, as another request would: case 2's delete
+    lands at once between the check and the write, and the write fails."""
+    from project.customers.models import SheetRow
+    from tests.jobkit import temp_handler
+
+    settings.TOMBSTONES_Q_OPTIONS = {}  # no worker runs here: the fixture drives the phases
+
+    def write_only(ctx: Any) -> None:
+        ctx.write(SheetRow.objects.filter(customer_id=ctx.record.pk), synced_version=1)
+
+    def with_a_sheet_row() -> Customer:
+        return SheetRowFactory().customer  # the write-only handler's one write
+
+    make = with_a_sheet_row if handler == "t.write_only" else None
+    with temp_handler("t.write_only", write_only):
+        fixture = RaceFixture(Customer, handler, rollback=False, make_record=make)
+        report = fixture.run([*SEED_CASES, WORKED_EXAMPLE])
+    assert report.ok, report.table()
+    assert report.summary().startswith(
+        "5 cases: 3 rejected for source state, 1 re-read for stale version"
+    )
+    assert Job.objects.count() == 6  # committed: what ran is in the ledger
 
 
 def test_fixture__a_wrong_expectation_is_a_mismatch() -> None:

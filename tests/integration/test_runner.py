@@ -61,9 +61,14 @@ def test_runner__one_wake_runs_every_due_job_in_few_statements(queued: Any) -> N
     assert set(_statuses(jobs)) == {Status.SUCCEEDED}
     assert Customer.objects.filter(version=2).count() == 40
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
-    per_job = len(queries) / 40
-    print(f"one road: {per_job:.2f} statements per job")
+    # Transaction control apart (as bench/ counts it): each job's savepoint and its release.
+    control = [q for q in queries if q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+    per_job = (len(queries) - len(control)) / 40
+    print(f"one road: {per_job:.2f} statements per job, {len(control) / 40:.2f} savepoint ones")
     assert per_job <= 2, f"{per_job:.2f} statements per job"
+    # Two per job, and the few of the claims' and groups' own transactions (savepoints here, in
+    # the test's transaction).
+    assert len(control) / 40 <= 2.25, f"{len(control)} savepoint statements for 40 jobs"
     assert events(jobs[5]) == ["enqueued", "claimed", "checked", "succeeded"]
 
 
@@ -106,7 +111,10 @@ def test_runner__off_the_happy_path_each_job_gets_its_own_outcome(queued: Any) -
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
 
 
-def test_runner__a_lost_fence_rolls_back_the_group_and_each_job_runs_alone(queued: Any) -> None:
+def test_runner__a_lost_fence_rolls_back_that_job_alone_and_it_reads_again(queued: Any) -> None:
+    """The first job's handler moves the second job's record (an unfenced write, inside the
+    group): the second job's fenced write loses, its savepoint alone rolls back, and it decides
+    again on the record as the first left it. The first job's work stays; nothing runs twice."""
     jobs = queued(3)
     victim = Customer.objects.get(pk=jobs[1].object_id)
     calls: list[int] = []
@@ -121,9 +129,12 @@ def test_runner__a_lost_fence_rolls_back_the_group_and_each_job_runs_alone(queue
         Job.objects.update(handler="t.racing")
         outcomes = _pump()
     assert {o.status for o in outcomes} == {Status.SUCCEEDED}
+    assert calls == [jobs[0].pk, jobs[1].pk, jobs[1].pk, jobs[2].pk]
     victim.refresh_from_db()
-    assert (victim.version, victim.phone) == (2, "+5")  # the bump rolled back; written once
+    assert (victim.version, victim.phone) == (3, "+5")  # the first job's bump kept; written once
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert Job.objects.get(pk=jobs[1].pk).rereads == 1
+    assert events(jobs[1]) == ["enqueued", "claimed", "checked", "reread", "succeeded"]
     assert all(events(j).count("claimed") == 1 for j in jobs)
 
 
@@ -629,11 +640,10 @@ def test_followers__a_follower_that_exits_is_charged_its_head_is_not(
         poison.refresh_from_db()
         snapshot = (head.status, head.attempts, poison.status, poison.reason, poison.attempts)
         with pytest.raises(SystemExit):
-            runner.pump()  # the head first (it succeeds), then the poison job, alone
-    assert snapshot == (Status.QUEUED, 0, Status.QUEUED, Reason.CRASHED, 1)
-    # The group rolled back: the head was given back uncharged; the follower that exited kept
-    # its attempt and went back to its place behind the head (a retry would have held the lane
-    # ahead of it), to be claimed alone.
+            runner.pump()  # the poison job again, alone
+    # The follower's savepoint alone rolled back: its head's success was recorded before the exit
+    # went on; the follower kept its attempt and went back to its place, to be claimed alone.
+    assert snapshot == (Status.SUCCEEDED, 1, Status.QUEUED, Reason.CRASHED, 1)
     head.refresh_from_db()
     poison.refresh_from_db()
     assert (head.status, head.attempts) == (Status.SUCCEEDED, 1)

@@ -1,0 +1,211 @@
+"""Each job alone inside its batch (issue 18): a group of jobs changes how commits are grouped,
+never what a job sees or what it can break.
+
+- read-modify-write jobs of one lane, run in one group, lose no update (they did: the group
+  shared one in-memory record);
+- a job's own copy of the record: what a handler changes in memory is nobody else's;
+- a reserved lane follower is its claim's: staff and the sweep leave it alone, so no other job's
+  work is rolled back because of it (it was);
+- every event is stamped when it happened, and a claim leaves its ``claimed`` event at once.
+
+The PostgreSQL side (no lock at the check, the fence at the write, staff and web requests that
+never wait for a handler) is in ``test_batch_locks.py``; the real cluster in
+``tests/acceptance/test_batch_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models import F, Value
+from django.db.models.functions import Now
+
+import tombstones
+from project.stress.models import StressEntity
+from tests.jobkit import events, temp_handler
+from tombstones import ledger, operations, runner
+from tombstones.models import Job, JobEvent
+from tombstones.sweep import sweep
+
+pytestmark = pytest.mark.django_db
+
+Status, Reason = Job.Status, Job.Reason
+
+
+def _entity(key: str) -> StressEntity:
+    return StressEntity.all_objects.recreate(key=key, payload="p")
+
+
+@pytest.fixture
+def queued(settings: Any) -> None:
+    """Jobs wait in the ORM broker: nothing runs until the test claims them."""
+    settings.TOMBSTONES_Q_OPTIONS = {}
+
+
+def _claim_whole() -> ledger.Claim:
+    """One claim of every due head and its lanes' followers: they run in one group."""
+    taken = ledger.claim(20, whole=True)
+    assert taken is not None
+    return taken
+
+
+# --- what a job sees ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("_round", range(3))
+def test_group__read_modify_write_jobs_of_one_lane_lose_no_update(
+    queued: None, _round: int
+) -> None:
+    """F() then a value computed from ctx.record, alternating, all in one group: each job acts on
+    the record as the jobs before it left it."""
+    records = [_entity(f"rmw-{_round}-{i}") for i in range(3)]
+    jobs = [
+        tombstones.enqueue("stress.count", record, params={"how": how})
+        for record in records
+        for how in ("f", "read") * 3
+    ]
+    claim = _claim_whole()
+    assert len(claim.jobs) == len(jobs)  # heads and followers: one claim, one group
+    done, _ = runner.run_claim(claim)
+    assert {o.status for o in done} == {Status.SUCCEEDED}
+    for record in records:
+        record.refresh_from_db()
+        assert (record.counter, record.version) == (6, 7)
+    assert Job.objects.filter(rereads__gt=0).count() == 0  # carried forward, not fenced out
+
+
+def test_group__a_handler_sees_what_its_own_f_update_computed(queued: None) -> None:
+    seen: list[int] = []
+
+    def twice(ctx: Any) -> None:
+        ctx.update(counter=F("counter") + 5)
+        seen.append(ctx.record.counter)
+        ctx.update(counter=ctx.record.counter * 2)
+
+    record = _entity("own-f")
+    StressEntity.objects.filter(pk=record.pk).update(counter=1)
+    with temp_handler("t.twice", twice):
+        tombstones.enqueue("t.twice", StressEntity.objects.get(pk=record.pk))
+        runner.run_claim(_claim_whole())
+    record.refresh_from_db()
+    assert seen == [6]
+    assert record.counter == 12
+
+
+def test_group__what_a_handler_changes_in_memory_stays_its_own(queued: None) -> None:
+    seen: list[str] = []
+
+    def scribble(ctx: Any) -> None:
+        seen.append(ctx.record.payload)
+        ctx.record.payload = "scribbled, never written"
+        ctx.update(counter=ctx.record.counter + 1)
+
+    record = _entity("memory")
+    with temp_handler("t.scribble", scribble):
+        for _ in range(3):
+            tombstones.enqueue("t.scribble", record)
+        runner.run_claim(_claim_whole())
+    record.refresh_from_db()
+    assert seen == ["p", "p", "p"]
+    assert (record.payload, record.counter) == ("p", 3)
+
+
+def test_group__a_failing_follower_rolls_back_alone(queued: None) -> None:
+    """Head, failing follower, follower: the failure keeps neither of the others' writes from
+    committing, and its own write is rolled back."""
+    record = _entity("fails-alone")
+
+    def fails(ctx: Any) -> None:
+        ctx.update(counter=ctx.record.counter + 100)
+        raise ValueError("after its write")
+
+    with temp_handler("t.fails", fails):
+        head = tombstones.enqueue("stress.count", record)
+        bad = tombstones.enqueue("t.fails", record)
+        last = tombstones.enqueue("stress.count", record)
+        runner.run_claim(_claim_whole())
+    statuses = dict(Job.objects.values_list("pk", "status"))
+    assert (statuses[head.pk], statuses[bad.pk], statuses[last.pk]) == (
+        Status.SUCCEEDED,
+        Status.FAILED,
+        Status.SUCCEEDED,
+    )
+    record.refresh_from_db()
+    assert (record.counter, record.version) == (2, 3)
+
+
+# --- a reserved follower belongs to its claim ---------------------------------------------------
+
+
+def test_reserved_follower__staff_cancel_is_refused_and_says_why(queued: None) -> None:
+    record = _entity("reserved-cancel")
+    head = tombstones.enqueue("stress.count", record)
+    follower = tombstones.enqueue("stress.count", record)
+    other = tombstones.enqueue("stress.count", _entity("reserved-other"))
+    claim = _claim_whole()
+    follower.refresh_from_db()
+    assert (follower.status, bool(follower.claim_token)) == (Status.QUEUED, True)
+    action = operations.ACTIONS["cancel"]
+    assert "reserved" in operations.why_not(action, follower)
+    assert action not in operations.available(follower)
+    assert not operations.cancel(follower, Status.QUEUED, by="staff:1")
+    assert not operations.skip_head(follower, Status.QUEUED, by="staff:1")
+    done, _ = runner.run_claim(claim)
+    assert sorted(o.job_id for o in done) == sorted([head.pk, follower.pk, other.pk])
+    assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
+    record.refresh_from_db()
+    assert record.counter == 2
+
+
+def test_reserved_follower__the_sweep_does_not_expire_it_under_its_claim(
+    queued: None, settings: Any
+) -> None:
+    settings.TOMBSTONES_JOB_MAX_AGE = timedelta(hours=1)
+    record = _entity("reserved-expiry")
+    head = tombstones.enqueue("stress.count", record)
+    follower = tombstones.enqueue("stress.count", record)
+    claim = _claim_whole()
+    Job.objects.filter(pk=follower.pk).update(created_at=Now() - Value(timedelta(hours=2)))
+    assert sweep(dispatch=False)["expired"] == 0
+    done, _ = runner.run_claim(claim)
+    assert {o.job_id for o in done} == {head.pk, follower.pk}
+    head.refresh_from_db()
+    assert head.status == Status.SUCCEEDED  # never rolled back because of its follower
+    follower.refresh_from_db()
+    assert follower.status in (Status.SUCCEEDED, Status.EXPIRED)
+
+
+# --- honest timestamps -------------------------------------------------------------------------
+
+
+def test_events__each_is_stamped_at_its_step_not_at_the_outcome(queued: None) -> None:
+    def slow(ctx: Any) -> None:
+        time.sleep(0.6)
+        ctx.update(counter=1)
+
+    with temp_handler("t.slow", slow):
+        job = tombstones.enqueue("t.slow", _entity("stamps"))
+        runner.run_claim(_claim_whole())
+    stamps = {
+        e.event: e.created_at for e in JobEvent.objects.filter(job=job).order_by("created_at")
+    }
+    assert list(stamps) == ["claimed", "checked", "succeeded"]
+    assert (stamps["succeeded"] - stamps["checked"]).total_seconds() >= 0.55
+    assert (stamps["checked"] - stamps["claimed"]).total_seconds() < 0.3
+    job.refresh_from_db()
+    assert job.started_at is not None
+    assert job.finished_at is not None
+    assert abs((stamps["claimed"] - job.started_at).total_seconds()) < 0.3
+    assert abs((stamps["succeeded"] - job.finished_at).total_seconds()) < 0.3
+
+
+def test_events__a_claim_records_its_claimed_event_at_once(queued: None) -> None:
+    """A worker that dies in the handler leaves the record of its claim."""
+    job = tombstones.enqueue("stress.count", _entity("claimed-at-once"))
+    claim = ledger.claim(1)
+    assert claim is not None
+    assert events(job) == ["enqueued", "claimed"]
+    assert JobEvent.objects.get(job=job).worker == claim.worker
