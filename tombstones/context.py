@@ -34,6 +34,11 @@ class HandlerContext:
         self.rereads: int = job.rereads
         self.fence_lost: fencing.Observation | None = None
         self.writes = 0
+        # What update() set on the record, in order: the next job of the record in the same
+        # group starts from it (its state carried forward, without reading it again).
+        self.applied: list[tuple[str, Any]] = []
+        # A write of the record's own table through write(): its state is then read again.
+        self.moved_record = False
 
     @property
     def idempotency_key(self) -> str:
@@ -53,16 +58,14 @@ class HandlerContext:
         db = self.record._state.db
         matched = fencing.update_record(model, pk, generation, version, fields, using=db)
         if matched:
-            computed = [n for n, v in fields.items() if hasattr(v, "resolve_expression")]
-            for name, value in fields.items():
-                if name not in computed:
-                    setattr(self.record, name, value)
+            values, computed = fencing.as_stored(model, fields)
             if computed:
-                # F() and other expressions: the values the database computed (no other writer
-                # can move the row now: this UPDATE holds it until the commit).
-                row = fencing.read_fields(model, pk, computed, using=db)
-                for name, value in row.items():
-                    setattr(self.record, name, value)
+                # F() and other expressions, and values the database rounds: what it stored (no
+                # other writer can move the row now: this UPDATE holds it until the commit).
+                values.update(fencing.read_fields(model, pk, computed, using=db))
+            for name, value in values.items():
+                setattr(self.record, name, value)
+            self.applied += values.items()
             self.record.version += 1
             self.writes += matched
         else:
@@ -84,6 +87,7 @@ class HandlerContext:
         matched = fencing.write_related(
             queryset, model, pk, generation, version, fields, live=not dead
         )
+        self.moved_record = self.moved_record or (matched > 0 and queryset.model is model)
         if matched == 0 and held is None:
             # 0 rows is either an empty target or a lost fence: one read tells them apart.
             seen = fencing.observe(model, pk, generation, version, using=queryset.db)

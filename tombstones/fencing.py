@@ -102,6 +102,27 @@ def observe(
     return Observation(state, found_generation, found_version, deleted_at is not None)
 
 
+def as_stored(
+    model: type[models.Model], fields: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The values an UPDATE of ``fields`` stores, as Python sees them after reading the row back,
+    and the names whose stored value only the database knows (expressions; decimals, which it
+    rounds; JSON), to be read back."""
+    values: dict[str, Any] = {}
+    computed: list[str] = []
+    for name, value in fields.items():
+        field = _field(model, name)
+        if hasattr(value, "resolve_expression") or isinstance(
+            field, models.DecimalField | models.JSONField
+        ):
+            computed.append(name)
+        elif field.is_relation or value is None:
+            values[name] = value
+        else:
+            values[name] = field.to_python(value)
+    return values, computed
+
+
 def read_fields(
     model: type[models.Model], pk: Any, names: list[str], *, using: str | None = None
 ) -> dict[str, Any]:

@@ -63,6 +63,8 @@ EVENT_FOR_STATUS: dict[str, str] = {
 
 Found = tuple[int | None, int | None]
 
+EMPTY_PARAMS = Value({}, models.JSONField())  # params erased
+
 
 def worker_id() -> str:
     """host:pid of this process (read each time: workers are forked)."""
@@ -95,10 +97,7 @@ class Claim:
 
     def db_now(self) -> datetime:
         """The database's time now, as read at the claim plus the time elapsed here since."""
-        if self.clock is None:
-            return timezone.now()
-        at, then = self.clock
-        return at + timedelta(seconds=time.monotonic() - then)
+        return _clock_now(self.clock) if self.clock is not None else timezone.now()
 
     def begin(self, job_id: int) -> bool:
         """The worker starts this job's turn: False if it was given back meanwhile."""
@@ -107,6 +106,11 @@ class Claim:
                 return False
             self.started.add(job_id)
             return True
+
+
+def _clock_now(clock: tuple[datetime, float]) -> datetime:
+    at, then = clock
+    return at + timedelta(seconds=time.monotonic() - then)
 
 
 def lease_until() -> Any:
@@ -183,7 +187,7 @@ def claim(
         # leaves the record of its claim. Every event of a claim is stamped by one clock (the
         # database's, read at the look), so that they keep their order.
         with transaction.atomic(using=db):
-            stamp = clock[0] + timedelta(seconds=time.monotonic() - clock[1])
+            stamp = _clock_now(clock)
             matched = int(take.update(**values))
             if matched == len(mine):
                 for job in chosen:
@@ -326,7 +330,7 @@ class Outcome:
     found: Found = (None, None)
     error_class: str = ""
     retry_in: timedelta | None = None  # retry_wait: when it becomes due again
-    erase_params: bool = False  # the job ended: nothing of its params is kept (see keeps_params)
+    erase_params: bool = False  # the job ended: nothing of its params is kept (_params_after)
     refund: bool = False  # the claim did not count: its attempt is given back
     writes: int = 0
     events: list[JobEvent] = field(default_factory=list)
@@ -420,9 +424,6 @@ def transition(
     return True
 
 
-EMPTY_PARAMS = Value({}, models.JSONField())
-
-
 def _params_after(job: Job, status: str, db: str) -> Any:
     """What a change to ``status`` outside a claim writes to the params (None: kept).
 
@@ -476,7 +477,7 @@ def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **ext
         )
     erase = {pk for pk, o in by_id.items() if o.erase_params}
     if erase:
-        fields["params"] = _only(erase, by_id, Value({}, models.JSONField()), F("params"))
+        fields["params"] = _only(erase, by_id, EMPTY_PARAMS, F("params"))
     refund = {pk for pk, o in by_id.items() if o.refund}
     if refund:
         fields["attempts"] = _only(refund, by_id, F("attempts") - 1, F("attempts"))
@@ -564,18 +565,15 @@ def release(
             if _write(_mine(claim, [culprit.pk]).exclude(sending), [outcome], db):
                 _after([outcome], db)
             else:  # its external call was sent: the outcome is unknown, never repeated
-                live = live_record(culprit, db)
                 uncertain = Outcome(
-                    culprit,
-                    Status.UNCERTAIN,
-                    Reason.OUTCOME_UNKNOWN,
-                    error_class=error_class,
-                    erase_params=live is None or not live.exists(),
+                    culprit, Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN, error_class=error_class
                 )
                 uncertain.events = [
                     event_row(culprit, Event.UNCERTAIN, Reason.OUTCOME_UNKNOWN, at=claim.db_now())
                 ]
-                if _write(_mine(claim, [culprit.pk]).filter(sending), [uncertain], db):
+                params = _params_after(culprit, Status.UNCERTAIN, db)
+                mine = _mine(claim, [culprit.pk]).filter(sending)
+                if _write(mine, [uncertain], db, params=params):
                     _after([uncertain], db)
 
 

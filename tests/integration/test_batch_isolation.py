@@ -209,3 +209,27 @@ def test_events__a_claim_records_its_claimed_event_at_once(queued: None) -> None
     assert claim is not None
     assert events(job) == ["enqueued", "claimed"]
     assert JobEvent.objects.get(job=job).worker == claim.worker
+
+
+def test_group__a_failed_jobs_on_commit_callbacks_are_dropped_with_its_writes(
+    queued: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The job's savepoint takes its on_commit callbacks with it; the others' stay."""
+    from django.db import transaction
+
+    ran: list[str] = []
+
+    def notes(ctx: Any) -> None:
+        transaction.on_commit(lambda: ran.append(ctx.record.key))
+        ctx.update(counter=ctx.record.counter + 1)
+        if ctx.record.key == "cb-fails":
+            raise ValueError("after its write and its callback")
+
+    with temp_handler("t.notes", notes):
+        for key in ("cb-ok-1", "cb-fails", "cb-ok-2"):
+            tombstones.enqueue("t.notes", _entity(key))
+        with django_capture_on_commit_callbacks(execute=True):
+            runner.run_claim(_claim_whole())
+    assert sorted(ran) == ["cb-ok-1", "cb-ok-2"]
+    counters = dict(StressEntity.objects.values_list("key", "counter"))
+    assert counters == {"cb-ok-1": 1, "cb-fails": 0, "cb-ok-2": 1}
