@@ -10,11 +10,12 @@ by one daemon thread, at each moment it knows something becomes due:
 
 A ringing alarm *ticks*: it takes back lapsed leases (a crashed worker's jobs), wakes a pump if
 anything is due, and arms the next moment. A job due now is such a moment too: a tick that woke
-one looks again a second later (the wake-up may have gone nowhere). A tick that fails (the
-database is down) rings again a second later until one succeeds, and that one wakes a pump
-whatever the wake-up gate says: a job that became due during an outage runs within about a second
-of the database's return. Best effort: an alarm dies with its process and the sweep repairs what
-it missed; a tick that finds nothing costs three small reads.
+one looks again a second later, and again while that same job still waits (its wake-up went
+nowhere); once another job is at the head, the queue moves and the looks stop. A tick that
+fails (the database is down) rings again a second later until one succeeds, and that one wakes
+a pump whatever the wake-up gate says: a job that became due during an outage runs within about
+a second of the database's return. Best effort: an alarm dies with its process and the sweep
+repairs what it missed; a tick that finds nothing costs three small reads.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Alarms:
     def __init__(self, ring: Callable[[bool], object]) -> None:
         self._ring_one = ring  # called with True when the tick before it failed
         self._failed = False
+        self.watching: int | None = None  # the due job a tick woke, looked at again
         self._due: list[float] = []
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -162,7 +164,14 @@ def tick(after_failure: bool = False, using: str | None = None) -> dict[str, Any
             hand_off(head)
         else:
             wake_soon(head)
-        ring_in(AGAIN)  # a job due now is a next moment: look again if it is still waiting
+    # A job due now is a next moment: look again in a second, as long as the same job still
+    # waits (its wake-up went nowhere); another job at the head means the queue moves.
+    pending = _process_alarms() if _in_cluster_worker() else None
+    if pending is not None:
+        again = head is not None and (after_failure or pending.watching in (None, head))
+        pending.watching = head if again else None
+        if again:
+            ring_in(AGAIN)
     arm_next(using)
     return {**taken, "woken": int(head is not None)}
 

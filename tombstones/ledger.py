@@ -99,6 +99,11 @@ class Claim:
         """The database's time now, as read at the claim plus the time elapsed here since."""
         return _clock_now(self.clock) if self.clock is not None else timezone.now()
 
+    @property
+    def claimed_at(self) -> datetime:
+        """When the claim was made (the database's clock at its look)."""
+        return self.clock[0] if self.clock is not None else timezone.now()
+
     def begin(self, job_id: int) -> bool:
         """The worker starts this job's turn: False if it was given back meanwhile."""
         with self.lock:
@@ -183,27 +188,22 @@ def claim(
         "sending_at": None,
     }
     try:
-        # The claim and its ``claimed`` events commit together: a worker that dies in a handler
-        # leaves the record of its claim. Every event of a claim is stamped by one clock (the
-        # database's, read at the look), so that they keep their order.
-        with transaction.atomic(using=db):
-            stamp = _clock_now(clock)
-            matched = int(take.update(**values))
-            if matched == len(mine):
-                for job in chosen:
-                    job.status = Status.RUNNING
-                jobs = [*chosen, *followers]
-                for job in jobs:
-                    job.claim_token, job.owner = token, wid
-                    job.attempts += 1
-            else:  # another worker took some of them meanwhile
-                jobs = _read_back(rows, token, db)
-            JobEvent.objects.using(db).bulk_create(
-                [event_row(job, Event.CLAIMED, worker=wid, at=stamp) for job in jobs]
-            )
+        # One statement, no transaction of its own. Its row (owner, started_at) is the record of
+        # the claim: the ``claimed`` event is written with the outcome, or by the take-back when
+        # the worker died without one.
+        matched = _update(db, take, values)
     except IntegrityError:
         # The unique running-lane index refused a second running job of a lane: look again.
         return Claim(token, wid, db, [], left=len(seen), workers=workers, clock=clock)
+    if matched == len(mine):
+        for job in chosen:
+            job.status = Status.RUNNING
+        jobs = [*chosen, *followers]
+        for job in jobs:
+            job.claim_token, job.owner = token, wid
+            job.attempts += 1
+    else:  # another worker took some of them meanwhile
+        jobs = _read_back(rows, token, db)
     return Claim(
         token,
         wid,
@@ -255,6 +255,13 @@ def _read_back(rows: Any, token: str, db: str) -> list[Job]:
             claim_token="", attempts=F("attempts") - 1
         )
     return [job for job in jobs if job.pk not in stray]
+
+
+def _update(db: str, qs: Any, values: dict[str, Any]) -> int:
+    if connections[db].in_atomic_block:
+        with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
+            return int(qs.update(**values))
+    return int(qs.update(**values))  # one statement in autocommit: no BEGIN/COMMIT
 
 
 def _place(job: Job) -> tuple[Any, int]:
@@ -403,9 +410,12 @@ def transition(
     from_status: tuple[str, ...],
     event: str | None = None,
     extra_filter: Q | Exists | None = None,
+    before: Sequence[JobEvent] = (),
     **fields: Any,
 ) -> bool:
-    """A conditional status change outside a claim (sweep, staff): True if it applied."""
+    """A conditional status change outside a claim (sweep, staff): True if it applied.
+
+    ``before``: events that precede the change's own (the claim a take-back ends)."""
     db = job._state.db or router.db_for_write(Job)
     qs = Job.objects.using(db).filter(pk=job.pk, status__in=from_status)
     if extra_filter is not None:
@@ -413,7 +423,7 @@ def transition(
     erasure = _params_after(job, status, db)
     if erasure is not None:
         fields.setdefault("params", erasure)
-    outcome = Outcome(job, status, reason)
+    outcome = Outcome(job, status, reason, events=list(before))
     outcome.events.append(
         event_row(job, event or EVENT_FOR_STATUS[status], reason, worker=fields.pop("by", ""))
     )
@@ -557,6 +567,9 @@ def release(
         if culprit is not None:
             outcome = crash_outcome(culprit, error_class)
             outcome.events.append(
+                event_row(culprit, Event.CLAIMED, worker=claim.worker, at=claim.claimed_at)
+            )
+            outcome.events.append(
                 event_row(
                     culprit, EVENT_FOR_STATUS[outcome.status], outcome.reason, at=claim.db_now()
                 )
@@ -616,6 +629,8 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
     for job in rows:
         still = Q(lease_expires_at__lt=Now(), claim_token=job.claim_token)
         common: dict[str, Any] = {"claim_token": "", "lease_expires_at": None, "by": worker_id()}
+        # The claim that ends here without an outcome, as its row recorded it.
+        common["before"] = [event_row(job, Event.CLAIMED, worker=job.owner, at=job.started_at)]
         if job.sending_at is not None:
             counts["uncertain"] += transition(
                 job,

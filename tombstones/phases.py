@@ -74,6 +74,11 @@ class Attempt:
     checked: bool = False
     events: list[JobEvent] = field(default_factory=list)  # written with its outcome
 
+    def __post_init__(self) -> None:
+        row = ledger.event_row(self.job, Event.CLAIMED, worker=self.claim.worker)
+        row.created_at = self.claim.claimed_at  # stamped at the claim, not at the outcome
+        self.events.append(row)
+
     @property
     def follower(self) -> bool:
         """Reserved behind its lane's head in the same claim (it stays ``queued`` until it ends)."""

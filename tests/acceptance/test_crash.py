@@ -85,15 +85,15 @@ def test_crash__sigkill_at_each_phase_loses_nothing_and_applies_once(
     _refresh(first, second)
     assert first.status == Status.RUNNING
     assert second.status == Status.QUEUED
-    # The claim left its record although the worker died in it (issue 18).
-    claimed = JobEvent.objects.filter(job=first, event="claimed")
-    assert list(claimed.values_list("worker", flat=True)) == [first.owner]
     # The dead worker still holds the lane: the second job is not claimable.
     assert _ran(finish(start_worker(second.pk, queue=queue))) == {}
     assert _applied(first) == 0  # its act transaction (if any) never committed
 
     backdate_lease(first.pk)
     assert sweep(dispatch=False)["requeued"] == 1
+    # The claim left its record although the worker died in it (issue 18).
+    claimed = JobEvent.objects.filter(job=first, event="claimed")
+    assert list(claimed.values_list("worker", flat=True)) == [first.owner]
     release.touch()
     # One wake-up runs the job, then the lane's next job, in order.
     ran = _ran(finish(start_worker(first.pk, queue=queue)))

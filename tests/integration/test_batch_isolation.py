@@ -202,13 +202,19 @@ def test_events__each_is_stamped_at_its_step_not_at_the_outcome(queued: None) ->
     assert abs((stamps["succeeded"] - job.finished_at).total_seconds()) < 0.3
 
 
-def test_events__a_claim_records_its_claimed_event_at_once(queued: None) -> None:
-    """A worker that dies in the handler leaves the record of its claim."""
-    job = tombstones.enqueue("stress.count", _entity("claimed-at-once"))
+def test_events__a_claim_whose_worker_vanished_leaves_its_claimed_event(queued: None) -> None:
+    """A worker that dies in the handler leaves the record of its claim: the take-back writes
+    the ``claimed`` event from the claim's row, stamped at the claim, by that worker."""
+    job = tombstones.enqueue("stress.count", _entity("claimed-vanished"))
     claim = ledger.claim(1)
     assert claim is not None
-    assert events(job) == ["enqueued", "claimed"]
-    assert JobEvent.objects.get(job=job).worker == claim.worker
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=Now() - Value(timedelta(seconds=1)))
+    assert ledger.take_back_lapsed()["requeued"] == 1
+    assert events(job) == ["enqueued", "claimed", "requeued"]
+    job.refresh_from_db()
+    claimed = JobEvent.objects.get(job=job, event="claimed")
+    assert claimed.worker == claim.worker
+    assert claimed.created_at == job.started_at
 
 
 def test_group__a_failed_jobs_on_commit_callbacks_are_dropped_with_its_writes(
