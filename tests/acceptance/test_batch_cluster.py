@@ -10,7 +10,6 @@ broker), with no sweep (issue 18):
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -83,31 +82,19 @@ def test_cluster__a_slow_job_holds_none_of_the_jobs_claimed_with_it(
 def test_cluster__a_reserved_follower_cannot_be_cancelled_and_nothing_rolls_back(
     tmp_path: Path,
 ) -> None:
-    release = tmp_path / "release"
-    signal = tmp_path / "reached"
-    lane_record, other_record = entity("LANE"), entity("OTHER")
     with broker_cluster(1):
-        # A first quick claim: the worker's next claim then takes whole lanes (followers too).
-        warm = enqueue("stress.apply", entity(f"WARM{uuid.uuid4().hex[:6]}"))
-        wait_for(lambda: finished(warm), timeout=30)
-        with transaction.atomic():
-            other = enqueue("stress.apply", other_record)
-            head = enqueue(
-                "stress.apply",
-                lane_record,
-                params={"signal": str(signal), "release": str(release), "hold": 20},
-            )
-            follower = enqueue("stress.apply", lane_record)
-        try:
-            wait_for(signal.exists, timeout=30)
-            follower.refresh_from_db()
-            if not follower.claim_token:
-                pytest.fail("the follower was not reserved by the head's claim")
-            assert not operations.cancel(follower, Status.QUEUED, by="staff:1")
-            assert "reserved" in operations.why_not(operations.ACTIONS["cancel"], follower)
-        finally:
-            release.write_text("go")
-        wait_for(lambda: finished(head, follower, other), timeout=30)
+        # The worker takes whole lanes (followers too) once its last claim ran quickly: warm it
+        # up with a burst, and set the scene again (bounded) until its claim reserves the
+        # follower. Whether it does is timing; what is asserted once it did is not.
+        for round_ in range(5):
+            warm = [enqueue("stress.apply", entity(f"WARM{round_}-{i}")) for i in range(5)]
+            wait_for(lambda: finished(*warm), timeout=30)  # noqa: B023 - used at once
+            scene = _reserved_follower_scene(tmp_path / str(round_), f"{round_}")
+            if scene is not None:
+                break
+        else:
+            pytest.fail("no claim reserved the follower in 5 rounds")
+    head, follower, other = scene
     rows = dict(
         Job.objects.filter(pk__in=[head.pk, follower.pk, other.pk]).values_list("pk", "status")
     )
@@ -120,3 +107,34 @@ def test_cluster__a_reserved_follower_cannot_be_cancelled_and_nothing_rolls_back
         Job.objects.filter(pk__in=[head.pk, follower.pk]).values_list("attempts", flat=True)
     )
     assert attempts == {1}
+
+
+def _reserved_follower_scene(folder: Path, tag: str) -> tuple[Job, Job, Job] | None:
+    """A slow lane head with a follower behind it, and another record's job, in one burst.
+
+    While the head's handler is held, a staff cancel of the reserved follower is refused and says
+    why. Returns the three jobs once finished, or None when the claim did not reserve the
+    follower (the worker's claim was not whole: nothing to test this round).
+    """
+    folder.mkdir(parents=True)
+    release, signal = folder / "release", folder / "reached"
+    lane_record, other_record = entity(f"LANE{tag}"), entity(f"OTHER{tag}")
+    with transaction.atomic():
+        other = enqueue("stress.apply", other_record)
+        head = enqueue(
+            "stress.apply",
+            lane_record,
+            params={"signal": str(signal), "release": str(release), "hold": 20},
+        )
+        follower = enqueue("stress.apply", lane_record)
+    try:
+        wait_for(signal.exists, timeout=30)
+        follower.refresh_from_db()
+        reserved = bool(follower.claim_token)
+        if reserved:
+            assert not operations.cancel(follower, Status.QUEUED, by="staff:1")
+            assert "reserved" in operations.why_not(operations.ACTIONS["cancel"], follower)
+    finally:
+        release.write_text("go")
+    wait_for(lambda: finished(head, follower, other), timeout=30)
+    return (head, follower, other) if reserved else None
