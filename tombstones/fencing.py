@@ -25,7 +25,7 @@ from .exceptions import (
     StaleVersion,
     TombstoneError,
 )
-from .options import PROTECTED_FIELDS, erased_value, get_options
+from .options import PROTECTED_FIELDS, erased_value, generated_fields, get_options
 from .signals import record_tombstoned, records_purged
 
 if TYPE_CHECKING:
@@ -107,9 +107,10 @@ def as_stored(
 ) -> tuple[dict[str, Any], list[str]]:
     """The values an UPDATE of ``fields`` stores, as Python sees them after reading the row back,
     and the names whose stored value only the database knows (expressions; decimals, which it
-    rounds; JSON), to be read back."""
+    rounds; JSON; generated columns), to be read back."""
     values: dict[str, Any] = {}
-    computed: list[str] = []
+    # Generated columns follow the fields they are computed from: read back with them.
+    computed: list[str] = generated_fields(model)
     for name, value in fields.items():
         field = _field(model, name)
         if hasattr(value, "resolve_expression") or isinstance(

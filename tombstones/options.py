@@ -33,6 +33,11 @@ def get_options(model: type[models.Model] | models.Model) -> TombstoneOptions:
     return options
 
 
+def generated_fields(model: type[models.Model]) -> list[str]:
+    """The names of the model's ``GeneratedField`` columns: only the database knows them."""
+    return [f.name for f in model._meta.concrete_fields if f.generated]
+
+
 def erased_value(field: models.Field[Any, Any]) -> Any:
     """What a personal field holds in a tombstone: None when nullable, "" for text."""
     if field.null:

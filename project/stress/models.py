@@ -77,3 +77,23 @@ class AppliedWrite(models.Model):
 
     def __str__(self) -> str:
         return f"Applied write job={self.job_id}"
+
+
+class Meter(TombstoneModel):
+    """A record with a column the database computes (tests: what a job of a group sees)."""
+
+    key = models.CharField(max_length=64, unique=True)
+    reading = models.IntegerField(default=0)
+    doubled = models.GeneratedField(
+        expression=models.F("reading") * 2, output_field=models.IntegerField(), db_persist=True
+    )
+
+    class TombstoneMeta:
+        business_key = "key"
+        personal_fields = ()
+
+    class Meta:
+        ordering = ("key",)
+
+    def __str__(self) -> str:
+        return f"Meter {self.key}"

@@ -24,7 +24,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Now
 
 import tombstones
-from project.stress.models import StressEntity
+from project.stress.models import Meter, StressEntity
 from tests.jobkit import events, temp_handler
 from tombstones import ledger, operations, runner
 from tombstones.models import Job, JobEvent
@@ -93,6 +93,28 @@ def test_group__a_handler_sees_what_its_own_f_update_computed(queued: None) -> N
     record.refresh_from_db()
     assert seen == [6]
     assert record.counter == 12
+
+
+def test_group__a_generated_column_is_what_the_database_computed(queued: None) -> None:
+    """A column the database computes from what the job before wrote: the next job of the group
+    sees the computed value, not the one from before that write."""
+    seen: list[int] = []
+
+    def bump(ctx: Any) -> None:
+        seen.append(ctx.record.doubled)
+        ctx.update(reading=ctx.record.reading + 1)
+
+    meter = Meter.all_objects.recreate(key="generated", reading=1)
+    with temp_handler("t.bump", bump):
+        for _ in range(3):
+            tombstones.enqueue("t.bump", meter)
+        claim = _claim_whole()
+        assert len(claim.jobs) == 3  # one group
+        runner.run_claim(claim)
+    meter.refresh_from_db()
+    assert seen == [2, 4, 6]
+    assert (meter.reading, meter.doubled) == (4, 8)
+    assert Job.objects.filter(rereads__gt=0).count() == 0
 
 
 def test_group__what_a_handler_changes_in_memory_stays_its_own(queued: None) -> None:

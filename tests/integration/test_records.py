@@ -600,3 +600,18 @@ def test_errors__carry_pk_and_generation_version_numbers() -> None:
     assert (exc.expected_generation, exc.found_generation) == (1, 1)
     assert (exc.expected_version, exc.found_version) == (1, 3)
     assert f"pk={customer.pk}" in str(exc)
+
+
+def test_generated_column__save_and_recreate_leave_it_to_the_database() -> None:
+    """A GeneratedField is computed by the database from what save() and recreate() wrote."""
+    from project.stress.models import Meter
+
+    meter = Meter.all_objects.recreate(key="M-1", reading=2)
+    meter.reading = 5
+    meter.save()
+    meter.refresh_from_db()
+    assert (meter.reading, meter.doubled, meter.version) == (5, 10, 2)
+    meter.delete()
+    again = Meter.all_objects.recreate(key="M-1", reading=7)
+    again.refresh_from_db()
+    assert (again.generation, again.version, again.doubled) == (2, 1, 14)
