@@ -131,6 +131,8 @@ def test_settings__number_of_seconds_is_a_timedelta(settings: Any) -> None:
         ("STALE_REREADS", 2.5),
         ("BATCH_SIZE", 0),
         ("Q_OPTIONS", ["sync"]),
+        ("LOG_ERROR_DETAILS", "yes"),
+        ("LOG_ERROR_DETAILS", 1),
     ],
 )
 def test_settings__malformed_value_raises_improperly_configured_naming_it(
@@ -152,6 +154,23 @@ def test_settings__backoff_doubles_and_is_capped(settings: Any) -> None:
     delays = [tombstone_settings.backoff(n) for n in range(5)]
 
     assert delays == [timedelta(seconds=s) for s in (2, 2, 4, 8, 10)]
+
+
+def test_settings__log_error_details_is_true_false_or_none(settings: Any) -> None:
+    seen = []
+    for value in (None, True, False):
+        settings.TOMBSTONES_LOG_ERROR_DETAILS = value
+        seen.append(tombstone_settings.LOG_ERROR_DETAILS)
+    assert seen == [None, True, False]
+
+
+def test_settings__unknown_handler_wait_is_a_tenth_of_the_age_within_the_backoff(
+    settings: Any,
+) -> None:
+    settings.TOMBSTONES_RETRY_BACKOFF = timedelta(seconds=2)
+    settings.TOMBSTONES_RETRY_BACKOFF_MAX = timedelta(minutes=10)
+    waits = [tombstone_settings.unknown_handler_wait(age) for age in (0, 60, 600, 86_400)]
+    assert waits == [timedelta(seconds=s) for s in (2, 6, 60, 600)]
 
 
 def test_settings__q_options_is_a_copy(settings: Any) -> None:
