@@ -17,7 +17,7 @@ class HandlerContext:
     """Passed to every handler.
 
     ``record`` is the handler's own copy of the record as checked, live at the job's generation,
-    or as the jobs before it in its group left it (read again once one of them ran on it). The
+    or as the jobs before it in its group left it (their updates carried forward). The
     check holds no lock: ``update`` and ``write`` fence every statement on that record being
     live at that (generation, version), and hold it from the write to the commit (``update``'s
     own row lock; ``write`` a share lock on PostgreSQL; SQLite's write lock). A delete or an edit

@@ -3,9 +3,10 @@
 - **Check**: one plain read per model of the jobs' records (no lock, outside the act's
   transaction) and the stop conditions: a job that must not act gets its outcome here.
 - **Act and record**: internal jobs act in *groups* of ONE transaction. Each job runs in a
-  savepoint of its own, on the record as the jobs before it left it (read again once a job of
-  the group ran on it), so a failure, a lost fence or a crash rolls back that job alone and never
-  another's finished work. The check holds nothing: the fence is the write (``ctx.update`` is the
+  savepoint of its own, on the record as the jobs before it left it (their updates carried
+  forward, what only the database knows read back; read again after a write of the record's own
+  table), so a failure, a lost fence or a crash rolls back that job alone and never another's
+  finished work. The check holds nothing: the fence is the write (``ctx.update`` is the
   conditional UPDATE; ``ctx.write`` holds the source row from its write to the commit), so a
   delete or an edit landing while a handler runs is never kept waiting by it; the write then
   matches 0 rows and the job is rejected or re-reads. The group's outcomes are recorded with one
