@@ -110,7 +110,7 @@ def as_stored(
     rounds; JSON; generated columns), to be read back."""
     values: dict[str, Any] = {}
     # Generated columns follow the fields they are computed from: read back with them.
-    computed: list[str] = generated_fields(model)
+    computed: list[str] = list(generated_fields(model))
     for name, value in fields.items():
         field = _field(model, name)
         if hasattr(value, "resolve_expression") or isinstance(

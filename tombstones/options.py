@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,12 @@ def get_options(model: type[models.Model] | models.Model) -> TombstoneOptions:
     return options
 
 
-def generated_fields(model: type[models.Model]) -> list[str]:
-    """The names of the model's ``GeneratedField`` columns: only the database knows them."""
-    return [f.name for f in model._meta.concrete_fields if f.generated]
+@functools.cache
+def generated_fields(model: type[models.Model]) -> tuple[str, ...]:
+    """The names of the model's ``GeneratedField`` columns: only the database knows them.
+
+    Cached per model class: every ``ctx.update`` asks."""
+    return tuple(f.name for f in model._meta.concrete_fields if f.generated)
 
 
 def erased_value(field: models.Field[Any, Any]) -> Any:
