@@ -5,12 +5,14 @@
 2. a handler that swallows a database error is failed with its own reason, never paused or
    retried; a paused job counts against TOMBSTONES_MAX_ATTEMPTS (one looped past it);
 3. a raising ``job_claimed`` receiver is logged once and the job runs (the pump spun);
+4. a tick that woke a due job looks again while that job waits (the timers had no next moment);
 5. ``superseded`` only when the later job will really send what the record became;
 6. handler names are checked when they are registered;
 7. an unknown handler is a deploy: the job waits uncharged, and staff re-queue escalated ones;
 8. a failed handler's traceback frames reach the worker log, its message only when allowed.
 
-Point 4 (timers across a database outage) is in tests/acceptance/test_outage.py.
+Point 4: a due job whose wake-up went nowhere is looked at again (here); a job due during a
+database outage runs within 2 s of its return (tests/acceptance/test_outage.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from project.customers.models import Customer
 from project.stress.models import DownstreamRecord
 from tests.factories import CustomerFactory
 from tests.jobkit import events, make_due, run, temp_handler
-from tombstones import ledger, operations, phases, runner, signals
+from tombstones import alarms, ledger, operations, phases, runner, signals, wakeups
 from tombstones.dashboard import why_waiting
 from tombstones.models import Job
 from tombstones.sweep import sweep
@@ -242,6 +244,45 @@ def test_hooks__a_raising_receiver_is_logged_and_the_job_runs(
     assert len(hooks) == 1
     assert "RuntimeError" in hooks[0].getMessage()
     assert "a tracing hook with a bug" not in caplog.text  # the class, never the message
+
+
+# --- 4. a job already due is a next moment for the timers ----------------------------------------
+
+
+@pytest.fixture
+def timer_ticks(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """A worker process's timers (as in a cluster worker), with the alarms they arm and the
+    wake-ups they send recorded; the wake-ups go nowhere (a lost message, a stale gate)."""
+    seen: dict[str, list[Any]] = {"armed": [], "woken": []}
+    monkeypatch.setattr(alarms, "_in_cluster_worker", lambda: True)
+    monkeypatch.setattr(alarms, "_alarms", {})
+    monkeypatch.setattr(alarms, "ring_in", lambda delay: seen["armed"].append(delay) or True)
+    monkeypatch.setattr(wakeups, "wake_soon", lambda job_id=None: seen["woken"].append(job_id))
+    return seen
+
+
+def test_timers__a_tick_that_woke_a_due_job_looks_again_while_it_waits(
+    queued: None, timer_ticks: dict[str, list[Any]]
+) -> None:
+    """A due job whose wake-up went nowhere was no next moment: no alarm, the sweep's to find
+    (34 s after an outage). The tick now looks again a second later, for as long as that job
+    waits; once another job is at the head the queue moves, and the looks stop."""
+    first = tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
+    second = tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
+    for _ in range(3):  # its wake-ups go nowhere: looked at again each time
+        assert alarms.tick()["woken"] == 1
+        assert timer_ticks["armed"].count(alarms.AGAIN) == _ + 1
+    assert timer_ticks["woken"][-3:] == [first.pk] * 3
+    # The first job ran (the queue moved): the next tick wakes the second, without a re-look.
+    Job.objects.filter(pk=first.pk).update(status=Status.SUCCEEDED)
+    armed = len(timer_ticks["armed"])
+    alarms.tick()
+    assert timer_ticks["woken"][-1] == second.pk
+    assert alarms.AGAIN not in timer_ticks["armed"][armed:]
+    Job.objects.filter(pk=second.pk).update(status=Status.SUCCEEDED)
+    armed = len(timer_ticks["armed"])
+    assert alarms.tick()["woken"] == 0
+    assert timer_ticks["armed"][armed:] == []  # nothing due, nothing waits: no alarm
 
 
 # --- 5. superseded only when a later job sends the newer state -----------------------------------
