@@ -1,0 +1,91 @@
+"""The worker's own cost: a backlog drained in this process, without a cluster or a broker.
+
+    .venv/bin/python bench/worker_drain.py --mix bursty --jobs 1000
+
+Resets the scratch database's job and customer tables (``--pg-url``, default the bench database;
+a test database is refused), enqueues ``--jobs`` jobs of ``bench.touch`` (``many``: one customer
+each; ``bursty``: 20 jobs per customer), then runs ``runner.pump()`` until nothing is due, with
+the wake-up messages switched off (nothing else would run them). Prints one JSON line: jobs/s,
+wall and CPU seconds of the drain. Run it from another checkout (``cd`` there, same virtualenv)
+to measure other code in the same session; alternate the two, the machine drifts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path.cwd()
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mix", choices=["many", "bursty"], default="many")
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/bench")
+    args = parser.parse_args()
+    if args.pg_url.rstrip("/").rsplit("/", 1)[-1].startswith("test"):
+        sys.exit("refusing a test database")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["DATABASE_URL"] = args.pg_url
+
+    import django
+
+    django.setup()
+    logging.getLogger("tombstones").setLevel(logging.ERROR)  # a line per job would dominate
+
+    from django.db import connection, transaction
+
+    import tombstones
+    from project.customers.models import Customer
+    from tombstones import runner, wakeups
+    from tombstones.models import Job
+
+    for name in ("wake_soon", "hand_off", "call_helper", "helper_arrived"):
+        setattr(wakeups, name, lambda *a, **k: None)
+    wakeups.open_gate = lambda *a, **k: False  # type: ignore[assignment]
+    runner.cluster_workers = lambda: 1  # type: ignore[assignment]
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "TRUNCATE tombstones_jobevent, tombstones_job, customers_sheetrow, "
+            "customers_customer RESTART IDENTITY CASCADE"
+        )
+    per_customer = 1 if args.mix == "many" else 20
+    customers = [
+        Customer.objects.create(reference=f"W-{i}", name=f"n{i}", email=f"w{i}@bench.test")
+        for i in range(max(1, args.jobs // per_customer))
+    ]
+    for i in range(args.jobs):
+        with transaction.atomic():  # one request, one enqueue
+            tombstones.enqueue("bench.touch", customers[min(i // per_customer, len(customers) - 1)])
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    done = 0
+    while ran := runner.pump():
+        done += len(ran)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    left = Job.objects.exclude(status=Job.Status.SUCCEEDED).count()
+    print(
+        json.dumps(
+            {
+                "mix": args.mix,
+                "jobs": done,
+                "not_succeeded": left,
+                "wall_s": round(wall, 3),
+                "cpu_ms_per_job": round(cpu * 1000 / max(done, 1), 3),
+                "jobs_per_s": round(done / wall, 1),
+                "code": str(Path(tombstones.__file__).parent),  # which checkout was measured
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
