@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/worker_drain.py --mix bursty --jobs 1000
 
-Resets the scratch database's job and customer tables (``--pg-url``, default the bench database;
-a test database is refused), enqueues ``--jobs`` jobs of ``bench.touch`` (``many``: one customer
-each; ``bursty``: 20 jobs per customer), then runs ``runner.pump()`` until nothing is due, with
+Resets and seeds the scratch database as ``bench/run.py`` does (``--pg-url``, default the bench
+database, created when missing; a test database is refused), enqueues ``--jobs`` jobs of
+``bench.touch`` (``many``: one customer each; ``bursty``: ``--burst`` jobs per customer), each in
+its own transaction, then runs ``runner.pump()`` until nothing is due, with
 the wake-up messages switched off (nothing else would run them). Prints one JSON line: jobs/s,
 wall and CPU seconds of the drain. Run it from another checkout (``cd`` there, same virtualenv)
 to measure other code in the same session; alternate the two, the machine drifts.
@@ -25,13 +26,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
+    from bench.run import DEFAULT_PG, HANDLER, ensure_pg_database, reset_tables, seed
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mix", choices=["many", "bursty"], default="many")
     parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/bench")
+    parser.add_argument("--burst", type=int, default=20, help="jobs per entity (bursty)")
+    parser.add_argument("--pg-url", default=DEFAULT_PG)
     args = parser.parse_args()
-    if args.pg_url.rstrip("/").rsplit("/", 1)[-1].startswith("test"):
-        sys.exit("refusing a test database")
+    ensure_pg_database(args.pg_url)  # refuses a test database
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     os.environ["DATABASE_URL"] = args.pg_url
 
@@ -40,10 +43,10 @@ def main() -> None:
     django.setup()
     logging.getLogger("tombstones").setLevel(logging.ERROR)  # a line per job would dominate
 
-    from django.db import connection, transaction
+    from django.core.management import call_command
+    from django.db import transaction
 
     import tombstones
-    from project.customers.models import Customer
     from tombstones import runner, wakeups
     from tombstones.models import Job
 
@@ -52,19 +55,11 @@ def main() -> None:
     wakeups.open_gate = lambda *a, **k: False  # type: ignore[assignment]
     runner.cluster_workers = lambda: 1  # type: ignore[assignment]
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "TRUNCATE tombstones_jobevent, tombstones_job, customers_sheetrow, "
-            "customers_customer RESTART IDENTITY CASCADE"
-        )
-    per_customer = 1 if args.mix == "many" else 20
-    customers = [
-        Customer.objects.create(reference=f"W-{i}", name=f"n{i}", email=f"w{i}@bench.test")
-        for i in range(max(1, args.jobs // per_customer))
-    ]
-    for i in range(args.jobs):
+    call_command("migrate", verbosity=0, interactive=False)
+    reset_tables()
+    for record in seed(args.mix, args.jobs, args.burst):
         with transaction.atomic():  # one request, one enqueue
-            tombstones.enqueue("bench.touch", customers[min(i // per_customer, len(customers) - 1)])
+            tombstones.enqueue(HANDLER, record)
 
     wall, cpu = time.perf_counter(), time.process_time()
     done = 0
