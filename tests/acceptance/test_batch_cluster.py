@@ -7,8 +7,9 @@ broker), with no sweep (issue 18):
 - a staff cancel of a reserved lane follower is refused, and nothing is rolled back (the head's
   and another lane's work were, and both stayed running for a lease).
 
-The slow-claim and the cancel tests need a staff write to land while a group's transaction is
-open, which SQLite's single writer never lets happen: there the cancel waits for the group's
+The slow-claim and the cancel tests need other writers to act while a group's transaction is
+open, which SQLite's single writer never lets happen: there the other worker could not run the
+quick jobs meanwhile (the keeper does not hand them over), and the cancel waits for the group's
 commit (up to the busy timeout) and lands after the follower was given back or ran. The refusal
 itself is tested on both databases without a cluster (tests/integration/test_batch_isolation.py).
 """

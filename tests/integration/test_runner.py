@@ -372,15 +372,14 @@ def test_keeper__a_claim_held_longer_than_its_lease_is_never_taken_back(
         ctx.update(phone="+8")
 
     done = threading.Event()
-    swept: list[dict[str, int]] = []
-    swept_at: list[tuple[float, float]] = []  # each sweep's start and end (monotonic)
+    swept: list[tuple[float, float, dict[str, int]]] = []  # start, end (monotonic), what it did
 
     def sweeper() -> None:
         try:
             while not done.wait(0.05):
                 began = time.monotonic()
-                swept.append(sweep(dispatch=False))
-                swept_at.append((began, time.monotonic()))
+                did = sweep(dispatch=False)
+                swept.append((began, time.monotonic(), did))
         finally:
             connection.close()
 
@@ -398,8 +397,8 @@ def test_keeper__a_claim_held_longer_than_its_lease_is_never_taken_back(
     # The sweeps that could have taken a lease back: after it would have lapsed unrenewed, while
     # the claim still ran (about 20 of them).
     lapsed = claimed + settings.TOMBSTONES_LEASE.total_seconds()
-    assert sum(lapsed < began and end < ended for began, end in swept_at) >= 10
-    assert sum(s["requeued"] for s in swept) == 0
+    assert sum(lapsed < began and end < ended for began, end, _ in swept) >= 10
+    assert sum(did["requeued"] for _, _, did in swept) == 0
     assert sorted(o.job_id for o in ran) == sorted(j.pk for j in jobs)
     assert sorted(slept) == sorted(j.pk for j in jobs)
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
