@@ -47,7 +47,8 @@ def main() -> None:
     from django.db import transaction
 
     import tombstones
-    from tombstones import runner, wakeups
+    from tombstones.jobs import wakeups
+    from tombstones.jobs.engine import runner
     from tombstones.models import Job
 
     for name in ("wake_soon", "hand_off", "call_helper", "helper_arrived"):

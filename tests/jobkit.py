@@ -11,7 +11,8 @@ from django.db import connection, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
 
-from tombstones import ledger, registry, worker
+from tombstones import worker
+from tombstones.jobs import ledger, registry
 from tombstones.models import Job
 
 # What an operator (staff with every job action) is granted in the tombstones app.

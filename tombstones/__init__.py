@@ -6,10 +6,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import TransientError
-from .registry import handler
+from .jobs.registry import handler
 
 if TYPE_CHECKING:
-    from .dispatch import enqueue
+    from .jobs.enqueue import enqueue
 
 try:
     __version__ = version("django-tombstone-guard")
@@ -22,7 +22,7 @@ __all__ = ["TransientError", "__version__", "enqueue", "handler"]
 def __getattr__(name: str) -> Any:
     # enqueue needs the app registry; import it on first use, not with the package.
     if name == "enqueue":
-        from .dispatch import enqueue
+        from .jobs.enqueue import enqueue
 
         return enqueue
     raise AttributeError(f"module 'tombstones' has no attribute {name!r}")

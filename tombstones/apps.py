@@ -1,3 +1,5 @@
+"""The app config: ``ready()`` registers the system checks and connects the signals."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -13,12 +15,16 @@ class TombstonesConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django_q.signals import post_execute_in_worker, post_spawn
 
-        from . import checks, erasure, signals
-        from .alarms import on_worker_start
-        from .sweep import install_schedule
+        from . import signals
+        from .jobs import checks as job_checks
+        from .jobs import erasure
+        from .jobs.engine.alarms import on_worker_start
+        from .jobs.engine.sweep import install_schedule
+        from .records import checks as record_checks
         from .worker import mark_q_task
 
-        checks.register()
+        record_checks.register()
+        job_checks.register()
         # Job params are erased with their record (the records layer sends, the job layer acts).
         signals.record_tombstoned.connect(
             erasure.erase_on_tombstone, dispatch_uid="tombstones.erase_params"

@@ -41,10 +41,9 @@ job_checked = Signal()
 def send_hook(signal: Signal, job: Any) -> None:
     """Send a worker hook; a receiver that raises an Exception is logged (its class, never its
     message) and the engine goes on. (Not ``send_robust()``: Django logs the message.)"""
-    from .models import Job
-
     try:
-        signal.send(sender=Job, job=job)
+        # The sender is the job's class (Job): this module sits below the jobs and names none.
+        signal.send(sender=type(job), job=job)
     except Exception as exc:  # noqa: BLE001 - a tracing hook must not stop or spin the worker
         logger.error(
             "a receiver of a tombstones hook signal raised %s; ignored (job %s)",

@@ -1,4 +1,7 @@
-"""The django-q2 task: one wake-up runs the pump (:mod:`tombstones.runner`). Thin on purpose.
+"""Everything django-q2 calls by dotted path: ``run`` (a wake-up runs the pump,
+:mod:`tombstones.jobs.engine.runner`), ``run_sweep`` (the schedule) and ``mark_q_task``.
+
+These paths are stored in django-q2's queue and schedule rows, so they stay here. Thin on purpose.
 
 django-q2's task table is kept honest: the ledger (``Job``) is the one record of every outcome.
 A wake-up that carried only successes is stored as a success; one that carried anything else,
@@ -12,9 +15,9 @@ from typing import Any
 
 from django.db import connections
 
-from . import runner
-from .models import Job
-from .wakeups import TASK
+from .jobs.engine import runner, sweep
+from .jobs.models import Job
+from .jobs.wakeups import TASK
 
 
 def run(job_id: int | None = None) -> dict[str, Any]:
@@ -24,6 +27,11 @@ def run(job_id: int | None = None) -> dict[str, Any]:
         return runner.result(job_id, runner.pump(seconds=runner.task_seconds()))
     finally:
         _close_old_connections()
+
+
+def run_sweep() -> dict[str, Any]:
+    """The sweep's schedule entry point (:func:`tombstones.jobs.engine.sweep.run_sweep`)."""
+    return sweep.run_sweep()
 
 
 def _close_old_connections() -> None:

@@ -22,7 +22,7 @@ class Customer(TombstoneModel):
         ordering = ("reference",)
 
     def __str__(self) -> str:
-        # Identity only: admin log entries and audit pages must never carry personal data.
+        # What staff see on a live record's pages; logs use tombstone_identity().
         return f"Customer {self.reference}"
 
 

@@ -38,7 +38,7 @@ from django.db.models import F
 import tombstones
 from tombstones.context import HandlerContext
 from tombstones.exceptions import TransientError
-from tombstones.ledger import worker_id
+from tombstones.jobs.ledger import worker_id
 
 from .models import AppliedWrite, Delivery, DownstreamRecord
 

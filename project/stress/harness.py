@@ -23,7 +23,7 @@ from django.db import connection, models, transaction
 from django.db.models import Q
 from django_q.models import OrmQ
 
-from tombstones.dispatch import enqueue
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job, JobEvent
 
 from .models import AppliedWrite, Delivery, DownstreamRecord, StressEntity

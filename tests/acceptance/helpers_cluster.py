@@ -169,7 +169,7 @@ def broker_cluster(workers: int, **env: str) -> Iterator[Cluster]:
     from django_q.models import Schedule
 
     from tests.jobkit import redis_broker, redis_client, redis_url
-    from tombstones import wakeups
+    from tombstones.jobs import wakeups
 
     Schedule.objects.all().delete()
     client = None

@@ -22,8 +22,8 @@ import pytest
 from django.db import transaction
 
 from project.stress.models import StressEntity
-from tombstones import operations
-from tombstones.dispatch import enqueue
+from tombstones.jobs import staff_actions
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job
 
 from .helpers_cluster import broker_cluster, entity, finished, wait_for
@@ -139,8 +139,8 @@ def _reserved_follower_scene(folder: Path, tag: str) -> tuple[Job, Job, Job] | N
         follower.refresh_from_db()
         reserved = bool(follower.claim_token)
         if reserved:
-            assert not operations.cancel(follower, Status.QUEUED, by="staff:1")
-            assert "reserved" in operations.why_not(operations.ACTIONS["cancel"], follower)
+            assert not staff_actions.cancel(follower, Status.QUEUED, by="staff:1")
+            assert "reserved" in staff_actions.why_not(staff_actions.ACTIONS["cancel"], follower)
     finally:
         release.write_text("go")
     wait_for(lambda: finished(head, follower, other), timeout=30)

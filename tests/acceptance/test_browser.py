@@ -33,7 +33,7 @@ from django.urls import reverse
 from project.customers.models import Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import STAFF_CODENAMES
-from tombstones.dispatch import enqueue
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job, JobEvent
 from tombstones.roles import AUDITORS
 from tombstones.worker import run as run_worker

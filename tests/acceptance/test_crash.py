@@ -21,9 +21,9 @@ from django.test.utils import override_settings
 from project.stress.models import AppliedWrite, Delivery, StressEntity
 from tests.jobkit import run_together, succeeded
 from tombstones import worker
-from tombstones.dispatch import enqueue, wake
+from tombstones.jobs.engine.sweep import sweep
+from tombstones.jobs.enqueue import enqueue, wake
 from tombstones.models import Job, JobEvent
-from tombstones.sweep import sweep
 
 from .helpers_cluster import (
     Cluster,

@@ -23,9 +23,9 @@ from django.utils import timezone
 from django_q.models import Task
 
 from project.stress.models import AppliedWrite
-from tombstones.dispatch import enqueue
+from tombstones.jobs.engine.sweep import sweep
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job
-from tombstones.sweep import sweep
 
 from .helpers_cluster import broker_cluster, entity, finished, wait_for
 

@@ -19,11 +19,12 @@ from django.test.utils import override_settings
 from project.stress.models import AppliedWrite
 from tests.jobkit import record as finish
 from tests.jobkit import try_claim
-from tombstones import keeper, worker
-from tombstones.dispatch import enqueue
+from tombstones import worker
 from tombstones.exceptions import LeaseLost
+from tombstones.jobs.engine import keeper
+from tombstones.jobs.engine.sweep import sweep
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job, JobEvent
-from tombstones.sweep import sweep
 
 from .helpers_cluster import (
     Cluster,

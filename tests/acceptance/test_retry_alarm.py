@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django_q.models import Schedule
 
-from tombstones import dispatch
+from tombstones.jobs import enqueue as dispatch
 from tombstones.models import Job, JobEvent
 
 from .helpers_cluster import Cluster, entity, wait_for

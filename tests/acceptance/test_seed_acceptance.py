@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 import tombstones
 from project.customers.models import Customer, SheetRow
 from tests.factories import SheetRowFactory
-from tombstones import phases
+from tombstones.jobs.engine import phases
 from tombstones.models import Job, JobEvent
 
 
@@ -88,7 +88,7 @@ def test_seed__rejected_job_leaves_reason_id_and_timestamp_without_personal_cont
 def test_seed__retention_must_exceed_the_longest_queue_wait(settings: Any) -> None:
     from datetime import timedelta
 
-    from tombstones.checks import check_settings
+    from tombstones.jobs.checks import check_settings
 
     settings.TOMBSTONES_RETENTION = timedelta(days=7)
     settings.TOMBSTONES_JOB_MAX_AGE = timedelta(days=7)

@@ -24,8 +24,9 @@ from project.customers.models import Customer
 from tests.factories import CustomerFactory
 from tests.jobkit import STAFF_CODENAMES, claim, run, temp_handler
 from tests.jobkit import record as record_outcome
-from tombstones.dispatch import enqueue
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job, JobEvent, Rejection
+from tombstones.records.options import TombstoneOptions
 from tombstones.roles import AUDITOR_PERMISSIONS, AUDITORS
 
 pytestmark = pytest.mark.django_db
@@ -360,6 +361,23 @@ def test_timeline__of_a_tombstone_marks_the_deletion(
     assert staff_client.get(unknown).status_code == 404
     no_type = reverse("admin:tombstones_job_timeline", args=(999999, "1"))
     assert staff_client.get(no_type).status_code == 404
+
+
+def test_timeline__shows_the_business_key_unless_it_is_personal(
+    staff_client: Client, planted: Customer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueue("customers.update_sheet_row", planted)
+    ct = ContentType.objects.get_for_model(Customer)
+    timeline = reverse("admin:tombstones_job_timeline", args=(ct.pk, planted.pk))
+    assert planted.reference in _html(staff_client.get(timeline))
+
+    # As tombstone_identity(): a business key that is a personal field is not identity.
+    monkeypatch.setattr(
+        Customer, "_tombstone_options", TombstoneOptions("reference", ("reference", "name"))
+    )
+    page = _html(staff_client.get(timeline))
+    assert planted.reference not in page
+    assert "business key" not in page
 
 
 def test_dashboard__counts_blocked_lanes_uncertain_escalations_and_chart(

@@ -13,8 +13,8 @@ from django.urls import reverse
 from tests.factories import CustomerFactory
 from tests.jobkit import claim, run
 from tests.jobkit import record as record_outcome
-from tombstones.dispatch import enqueue
-from tombstones.ledger import worker_id
+from tombstones.jobs.enqueue import enqueue
+from tombstones.jobs.ledger import worker_id
 from tombstones.models import Job, JobEvent
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from tests.factories import CustomerFactory
 from tests.jobkit import run
-from tombstones.dispatch import enqueue
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job, JobEvent
 
 pytestmark = pytest.mark.django_db
@@ -144,7 +144,7 @@ def test_bulk__permission_check_in_the_action_itself(staff: User) -> None:
     from django.core.exceptions import PermissionDenied
     from django.test import RequestFactory
 
-    from tombstones import operations
+    from tombstones.jobs import staff_actions
 
     staff.user_permissions.remove(Permission.objects.get(codename="cancel_job"))
     staff = User.objects.get(pk=staff.pk)  # drop the permission cache
@@ -152,4 +152,4 @@ def test_bulk__permission_check_in_the_action_itself(staff: User) -> None:
     request.user = staff
     model_admin = admin.site._registry[Job]
     with pytest.raises(PermissionDenied):
-        model_admin.confirm_bulk(request, Job.objects.all(), operations.ACTIONS["cancel"])
+        model_admin.confirm_bulk(request, Job.objects.all(), staff_actions.ACTIONS["cancel"])

@@ -19,8 +19,9 @@ from django.utils import translation
 
 from tests.factories import CustomerFactory
 from tests.jobkit import STAFF_CODENAMES, run
-from tombstones import dashboard, operations, timeline
-from tombstones.dispatch import enqueue
+from tombstones.admin import dashboard, timeline
+from tombstones.jobs import staff_actions
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job
 
 pytestmark = [
@@ -78,10 +79,10 @@ def _client(*codenames: str, groups: tuple[str, ...] = ()) -> Client:
 def test_i18n__python_strings_of_the_audit_side_are_translated(german: None) -> None:
     from django.utils import timezone
 
-    from tombstones.admin_actions import BULK_ACTIONS
-    from tombstones.audit_admin import JobAdmin
+    from tombstones.admin import JobAdmin
+    from tombstones.admin.bulk_actions import BULK_ACTIONS
 
-    assert str(operations.ACTIONS["cancel"].title) == "Abbrechen"
+    assert str(staff_actions.ACTIONS["cancel"].title) == "Abbrechen"
     assert str(JobAdmin.created.short_description) == "erstellt"
     cancel = next(a for a in BULK_ACTIONS if a.__name__ == "cancel")
     assert str(cancel.short_description) == "Abbrechen (ausgewählte Aufträge)"

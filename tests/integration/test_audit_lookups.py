@@ -15,7 +15,7 @@ from django.urls import reverse
 from project.customers.models import Customer
 from tests.factories import CustomerFactory
 from tests.jobkit import run
-from tombstones.dispatch import enqueue
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job
 from tombstones.roles import AUDITORS
 

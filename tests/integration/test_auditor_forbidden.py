@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.factories import CustomerFactory
-from tombstones.dispatch import enqueue
+from tombstones.jobs.enqueue import enqueue
 
 pytestmark = pytest.mark.django_db
 

@@ -26,9 +26,10 @@ from django.db.models.functions import Now
 import tombstones
 from project.stress.models import Meter, StressEntity
 from tests.jobkit import events, temp_handler
-from tombstones import ledger, operations, runner
+from tombstones.jobs import ledger, staff_actions
+from tombstones.jobs.engine import runner
+from tombstones.jobs.engine.sweep import sweep
 from tombstones.models import Job, JobEvent
-from tombstones.sweep import sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -170,11 +171,11 @@ def test_reserved_follower__staff_cancel_is_refused_and_says_why(queued: None) -
     claim = _claim_whole()
     follower.refresh_from_db()
     assert (follower.status, bool(follower.claim_token)) == (Status.QUEUED, True)
-    action = operations.ACTIONS["cancel"]
-    assert "reserved" in operations.why_not(action, follower)
-    assert action not in operations.available(follower)
-    assert not operations.cancel(follower, Status.QUEUED, by="staff:1")
-    assert not operations.skip_head(follower, Status.QUEUED, by="staff:1")
+    action = staff_actions.ACTIONS["cancel"]
+    assert "reserved" in staff_actions.why_not(action, follower)
+    assert action not in staff_actions.available(follower)
+    assert not staff_actions.cancel(follower, Status.QUEUED, by="staff:1")
+    assert not staff_actions.skip_head(follower, Status.QUEUED, by="staff:1")
     done, _ = runner.run_claim(claim)
     assert sorted(o.job_id for o in done) == sorted([head.pk, follower.pk, other.pk])
     assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}

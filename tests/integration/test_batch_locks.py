@@ -24,7 +24,7 @@ import tombstones
 from project.customers.models import Customer, SheetRow
 from tests.factories import SheetRowFactory
 from tests.jobkit import JOIN_TIMEOUT, temp_handler
-from tombstones import runner
+from tombstones.jobs.engine import runner
 from tombstones.models import Job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]

@@ -19,15 +19,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.test.utils import isolate_apps, override_settings
 
-from tombstones.checks import (
+from tombstones.conf import tombstone_settings
+from tombstones.jobs.checks import (
     check_django_q,
     check_django_q_timing,
     check_settings,
     check_sqlite,
-    check_tombstone_meta,
 )
-from tombstones.conf import tombstone_settings
 from tombstones.models import TombstoneModel
+from tombstones.records.checks import check_tombstone_meta
 
 APP = "integration"
 
@@ -231,6 +231,21 @@ def test_check_tombstone_meta__plain_models_are_ignored(registry: Apps) -> None:
     )
 
     assert run_meta_checks(registry) == []
+
+
+def test_checks__records_and_jobs_checks_are_registered_once_by_ready() -> None:
+    ours = [
+        c for c in checks.registry.registry.get_checks() if c.__module__.startswith("tombstones")
+    ]
+
+    assert sorted(c.__name__ for c in ours) == [
+        "check_django_q",
+        "check_django_q_timing",
+        "check_settings",
+        "check_sqlite",
+        "check_tombstone_meta",
+    ]
+    assert check_tombstone_meta.tags == (checks.Tags.models,)  # type: ignore[attr-defined]
 
 
 # --- settings --------------------------------------------------------------------------------

@@ -17,10 +17,10 @@ from django_q.models import Schedule
 from tests.factories import CustomerFactory
 from tests.jobkit import STAFF_CODENAMES, claim, run
 from tests.jobkit import record as record_outcome
-from tombstones import dashboard
+from tombstones.admin import dashboard
+from tombstones.admin.display import format_duration
 from tombstones.conf import tombstone_settings
-from tombstones.dispatch import enqueue
-from tombstones.display import format_duration
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -162,7 +162,7 @@ def test_dashboard__next_sweep_from_the_schedule(staff_client: Client) -> None:
     at = timezone.now() + timedelta(seconds=42)
     Schedule.objects.create(
         name=dashboard.SWEEP_SCHEDULE,
-        func="tombstones.sweep.run_sweep",
+        func="tombstones.worker.run_sweep",
         schedule_type=Schedule.MINUTES,
         minutes=3,
         repeats=-1,

@@ -35,10 +35,12 @@ from project.customers.models import Customer
 from project.stress.models import DownstreamRecord
 from tests.factories import CustomerFactory
 from tests.jobkit import events, make_due, run, temp_handler
-from tombstones import alarms, ledger, operations, phases, runner, signals, wakeups
-from tombstones.dashboard import why_waiting
+from tombstones import signals
+from tombstones.admin.dashboard import why_waiting
+from tombstones.jobs import ledger, staff_actions, wakeups
+from tombstones.jobs.engine import alarms, phases, runner
+from tombstones.jobs.engine.sweep import sweep
 from tombstones.models import Job
-from tombstones.sweep import sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -87,7 +89,7 @@ def _end_uncertain(job: Job) -> None:
 
 
 def _end_cancelled(job: Job) -> None:
-    assert operations.cancel(job, Status.QUEUED, by="staff:1")
+    assert staff_actions.cancel(job, Status.QUEUED, by="staff:1")
 
 
 def _end_expired(job: Job) -> None:
@@ -406,9 +408,9 @@ def test_unknown_handler__staff_requeue_an_escalated_job_once_the_handler_exists
             status=Status.ESCALATED, reason=Reason.HANDLER_UNKNOWN, finished_at=Now()
         )
         job.refresh_from_db()
-        action = operations.ACTIONS["requeue"]
-        assert action in operations.available(job)
-        assert operations.requeue(job, Status.ESCALATED, by="staff:1")
+        action = staff_actions.ACTIONS["requeue"]
+        assert action in staff_actions.available(job)
+        assert staff_actions.requeue(job, Status.ESCALATED, by="staff:1")
         job = run(job)
     assert job.status == Status.SUCCEEDED
     assert "requeued" in events(job)
@@ -422,7 +424,7 @@ def test_unknown_handler__staff_requeue_an_escalated_job_once_the_handler_exists
         status=Status.ESCALATED,
         reason=Reason.RECORD_MISSING,
     )
-    assert "unknown handler" in operations.why_not(action, other)
+    assert "unknown handler" in staff_actions.why_not(action, other)
 
 
 # --- 8. a failed handler can be debugged --------------------------------------------------------

@@ -23,8 +23,8 @@ from tombstones.exceptions import (
     NotATombstoneModel,
     TombstoneError,
 )
+from tombstones.jobs.validation import MAX_PARAMS_DEPTH
 from tombstones.models import Job
-from tombstones.validation import MAX_PARAMS_DEPTH
 
 pytestmark = pytest.mark.django_db
 

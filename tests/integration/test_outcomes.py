@@ -18,9 +18,9 @@ from project.customers.models import Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import events, make_due, run, temp_handler
 from tombstones import worker
+from tombstones.jobs.engine.sweep import sweep
 from tombstones.models import Job
 from tombstones.signals import job_escalated
-from tombstones.sweep import sweep
 from tombstones.testing import Case, RaceFixture
 
 pytestmark = pytest.mark.django_db

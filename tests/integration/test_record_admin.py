@@ -1,6 +1,7 @@
 """TombstoneAdmin through the Django test client: delete makes tombstones, tombstones are
 read-only identity, the change form is fenced on the version it was opened at, re-create by
-adding, and admin log entries without personal data."""
+adding, pages that name a live record by str() and a tombstone by identity, and admin log
+entries without personal data."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from django.urls import NoReverseMatch, reverse
 
 from project.customers.models import CrmContact, Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
-from tombstones import record_admin
+from tombstones.admin import records as record_admin
 from tombstones.models import Job
-from tombstones.options import TombstoneOptions
+from tombstones.records.options import TombstoneOptions
 
 pytestmark = pytest.mark.django_db
 
@@ -106,7 +107,7 @@ def test_delete_view__confirmation_names_personal_fields_and_counts_queued_jobs(
     assert personal is not None
     assert re.findall(r"<li>(.*?)</li>", personal.group(1)) == ["Name", "Email", "Phone"]
     assert "4 queued jobs reference this record" in page
-    assert f"reference={customer.reference}" in page
+    assert f"delete the customer “{customer}”?" in page  # named by str(), as Django does
     # No cascade list, no protected list, no personal value.
     assert "deleted-objects" not in page
     assert sheet_row.reference not in page
@@ -164,9 +165,9 @@ def test_delete_selected__confirms_then_tombstones_the_selected_live_records(
     page = text(step1)
     assert "These personal fields will be erased" in page
     assert "1 queued job references these records" in page
-    assert f"reference={first.reference} (0 queued jobs)" in page
-    assert f"reference={second.reference} (1 queued job)" in page
-    assert f"reference={dead.reference}" not in page  # already a tombstone: not listed
+    assert f"<li>{first} (0 queued jobs)</li>" in page
+    assert f"<li>{second} (1 queued job)</li>" in page
+    assert dead.reference not in page  # already a tombstone: not listed
     assert PLANTED not in page
     assert row(first.pk).deleted_at is None
     assert row(second.pk).deleted_at is None
@@ -244,8 +245,10 @@ def test_delete__of_a_model_without_personal_fields_says_nothing_is_erased(
 
 
 def test_changelist__shows_live_records_by_default_and_tombstones_through_the_filter(
-    admin_client: Client,
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A __str__ that reads a personal field: a tombstone's row must not use it.
+    monkeypatch.setattr(Customer, "__str__", lambda self: f"Customer {self.name}")
     CustomerFactory(reference="LIVE-REF-1")
     dead = CustomerFactory(reference="DEAD-REF-1")
     dead.delete()
@@ -272,8 +275,9 @@ def test_changelist__shows_live_records_by_default_and_tombstones_through_the_fi
 def test_tombstone_change_page__is_read_only_identity_without_personal_values(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch, fieldsets: Any
 ) -> None:
-    # Whatever the subclass's fieldsets say, a tombstone shows its identity only.
+    # Whatever the subclass's fieldsets and __str__ say, a tombstone shows its identity only.
     monkeypatch.setattr(admin.site._registry[Customer], "fieldsets", fieldsets)
+    monkeypatch.setattr(Customer, "__str__", lambda self: f"Customer {self.name}")
     customer = CustomerFactory(reference="DEAD-REF-2")
     customer.delete()
     raw_update(customer.pk, name=PLANTED, email=f"{PLANTED}@example.test", phone=PLANTED)
@@ -308,17 +312,23 @@ def test_tombstone_change_page__post_changes_nothing(admin_client: Client) -> No
     assert (after.name, after.version, after.deleted_at) == ("", before.version, before.deleted_at)
 
 
-def test_history_page__names_the_record_by_identity(
+def test_history_page__names_a_live_record_by_str_and_a_tombstone_by_identity(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     customer = CustomerFactory(name=PLANTED)
     monkeypatch.setattr(Customer, "__str__", lambda self: f"Customer {self.name}")
 
-    response = admin_client.get(url("history", customer.pk))
+    live = text(admin_client.get(url("history", customer.pk)))
+    customer.delete()
+    raw_update(customer.pk, name=PLANTED)  # not erased, somehow: still never shown
+    dead = admin_client.get(url("history", customer.pk))
 
-    assert response.status_code == 200
-    assert PLANTED not in text(response)
-    assert f"reference={customer.reference}" in text(response)
+    # Staff who may open the live record see its fields anyway: Django's heading.
+    assert f"Change history: Customer {PLANTED}" in live
+    assert dead.status_code == 200
+    assert PLANTED not in text(dead)
+    identity = f"customers.Customer pk={customer.pk} generation=1 reference={customer.reference}"
+    assert f"Change history: {identity}" in text(dead)
 
 
 def test_timeline_link__present_when_the_view_exists_and_omitted_otherwise(
@@ -482,7 +492,10 @@ def test_add__a_tombstoned_business_key_recreates_it_as_the_next_generation(
         follow=True,
     )
 
-    assert "was re-created as generation 2" in text(response)
+    assert (
+        f'“<a href="{url("change", customer.pk)}">Customer BACK-1</a>” was re-created as '
+        "generation 2" in text(response)
+    )
     assert Customer.all_objects.filter(reference="BACK-1").count() == 1
     revived = row(customer.pk)
     assert (revived.generation, revived.version, revived.deleted_at) == (2, 1, None)
@@ -541,6 +554,7 @@ def test_log_entries__carry_identity_only_whatever_str_returns(
     admin_client.post(
         url("add"),
         {"reference": "BACK-2", "name": PLANTED, "email": "b@example.test", "phone": ""},
+        follow=True,  # its message names the live record by str(), to the staff who typed it
     )
 
     entries = list(LogEntry.objects.order_by("pk"))
@@ -550,15 +564,50 @@ def test_log_entries__carry_identity_only_whatever_str_returns(
         str(bulk.pk),
         str(recreated.pk),
     ]
-    for entry, record in zip(entries, (edited, deleted, bulk, recreated), strict=True):
-        assert (
-            entry.object_repr == f"customers.Customer pk={record.pk} reference={record.reference}"
+    generations = (1, 1, 1, 2)  # the re-created record's entry names its second life
+    for entry, record, gen in zip(
+        entries, (edited, deleted, bulk, recreated), generations, strict=True
+    ):
+        assert entry.object_repr == (
+            f"customers.Customer pk={record.pk} generation={gen} reference={record.reference}"
         )
         assert PLANTED not in entry.change_message
     assert row(edited.pk).email == f"{PLANTED}@x.test"  # the edit itself went through
     assert '"Email"' in entries[0].change_message  # field labels, not values
+    edited.delete()  # the log outlives the record: its history page shows none of its values
     history = text(admin_client.get(url("history", edited.pk)))
     assert PLANTED not in history
+
+
+def test_identity__leaves_out_a_personal_business_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    customer = Customer(pk=7, reference="C-7", name=PLANTED, generation=3)
+    assert customer.tombstone_identity() == "customers.Customer pk=7 generation=3 reference=C-7"
+
+    monkeypatch.setattr(
+        Customer, "_tombstone_options", TombstoneOptions("reference", ("reference", "name"))
+    )
+    assert customer.tombstone_identity() == "customers.Customer pk=7 generation=3"
+
+
+def test_messages__name_a_live_record_by_str_and_a_deleted_one_by_identity(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    customer = CustomerFactory()
+    deleted = CustomerFactory(name=PLANTED)
+    monkeypatch.setattr(Customer, "__str__", lambda self: f"Customer {self.name}")
+
+    changed = admin_client.post(
+        url("change", customer.pk), form_data(customer, name="Renamed"), follow=True
+    )
+    gone = admin_client.post(url("delete", deleted.pk), {"post": "yes"}, follow=True)
+
+    assert f'“<a href="{url("change", customer.pk)}">Customer Renamed</a>” was changed' in text(
+        changed
+    )
+    # The record's name was erased with it: the message must not bring it back.
+    identity = f"customers.Customer pk={deleted.pk} generation=1 reference={deleted.reference}"
+    assert f"The customer “{identity}” was deleted successfully." in text(gone)
+    assert PLANTED not in text(gone)
 
 
 # --- the demo's other models -------------------------------------------------------------------

@@ -17,9 +17,11 @@ import tombstones
 from project.customers.models import Customer
 from tests.factories import CustomerFactory
 from tests.jobkit import claim, events, make_due, run_together, succeeded, temp_handler
-from tombstones import ledger, runner, worker
+from tombstones import worker
+from tombstones.jobs import ledger
+from tombstones.jobs.engine import runner
+from tombstones.jobs.engine.sweep import sweep
 from tombstones.models import Job
-from tombstones.sweep import sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -292,7 +294,7 @@ def test_poison__a_crash_in_the_check_is_capped_and_the_pump_goes_on(
 ) -> None:
     settings.TOMBSTONES_MAX_ATTEMPTS = 2
     customer = CustomerFactory()
-    from tombstones import phases
+    from tombstones.jobs.engine import phases
 
     real = phases.get_handler
 

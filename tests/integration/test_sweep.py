@@ -17,12 +17,12 @@ from django_q.models import Schedule
 
 from project.stress.models import StressEntity
 from tests.jobkit import claim, record, run_together, succeeded
-from tombstones import ledger
-from tombstones import sweep as sweep_module
-from tombstones.dispatch import enqueue
 from tombstones.exceptions import LeaseLost
+from tombstones.jobs import ledger
+from tombstones.jobs.engine import sweep as sweep_module
+from tombstones.jobs.engine.sweep import install_schedule, sweep
+from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job, JobEvent
-from tombstones.sweep import install_schedule, sweep
 
 Status = Job.Status
 Reason = Job.Reason
@@ -44,7 +44,7 @@ def entity(db: None) -> StressEntity:
 @pytest.fixture(autouse=True)
 def _no_wake_on_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
     # Enqueued jobs stay queued: these tests drive the sweep, not a worker.
-    monkeypatch.setattr("tombstones.dispatch.wake_soon", lambda job_id: None)
+    monkeypatch.setattr("tombstones.jobs.enqueue.wake_soon", lambda job_id: None)
 
 
 def _claimed(entity: StressEntity, handler: str = "stress.apply") -> ledger.Claim:
@@ -147,7 +147,7 @@ def test_sweep__installs_a_django_q_schedule_with_the_configured_interval(db: No
     install_schedule()
     schedule = Schedule.objects.get(name="tombstones.sweep")
     assert (schedule.func, schedule.schedule_type, schedule.repeats) == (
-        "tombstones.sweep.run_sweep",
+        "tombstones.worker.run_sweep",
         Schedule.MINUTES,
         -1,
     )
@@ -181,4 +181,4 @@ def test_sweep__its_schedule_fires_on_the_cluster_the_jobs_go_to(
     broker.purge_queue()
     q_scheduler.scheduler(broker=broker)
     sent = [SignedPackage.loads(payload).get("func") for _, payload in broker.dequeue() or []]
-    assert sent == ["tombstones.sweep.run_sweep"]
+    assert sent == ["tombstones.worker.run_sweep"]

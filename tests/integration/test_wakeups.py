@@ -16,7 +16,8 @@ from django_q.tasks import async_task
 import tombstones
 from tests.factories import CustomerFactory
 from tests.jobkit import redis_broker, redis_client
-from tombstones import runner, wakeups
+from tombstones.jobs import wakeups
+from tombstones.jobs.engine import runner
 from tombstones.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)

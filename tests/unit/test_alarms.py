@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tombstones import alarms
+from tombstones.jobs.engine import alarms
 
 
 class Rung:

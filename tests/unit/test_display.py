@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from django.test import override_settings
 
-from tombstones.display import format_time, time_html
+from tombstones.admin.display import format_time, time_html
 
 
 def test_format_time__seconds_without_microseconds_in_the_current_time_zone() -> None:
@@ -30,7 +30,7 @@ def test_time_html__keeps_the_exact_moment_in_its_datetime_attribute() -> None:
 def test_format_duration__two_largest_units() -> None:
     from datetime import timedelta
 
-    from tombstones.display import format_duration
+    from tombstones.admin.display import format_duration
 
     assert format_duration(None) == "-"
     assert format_duration(timedelta(seconds=3.7)) == "3 s"

@@ -12,7 +12,7 @@ from project.customers.models import Customer
 from project.stress.models import StressEntity
 from tombstones import exceptions
 from tombstones.conf import tombstone_settings
-from tombstones.options import PROTECTED_FIELDS, erased_value, get_options, is_erasable
+from tombstones.records.options import PROTECTED_FIELDS, erased_value, get_options, is_erasable
 
 # --- TombstoneMeta ---------------------------------------------------------------------------
 

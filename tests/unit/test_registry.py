@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from tombstones import registry
+from tombstones.jobs import registry
 
 NAME = "tests.registry_probe"
 
@@ -53,10 +53,7 @@ def test_register__two_partials_under_one_name_are_refused() -> None:
 def test_register__a_module_imported_twice_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "twice_handlers.py"
     source.write_text(
-        "from tombstones import registry\n\n"
-        f"@registry.handler({NAME!r})\n"
-        "def handle(ctx):\n"
-        "    return None\n"
+        f"from tombstones import handler\n\n@handler({NAME!r})\ndef handle(ctx):\n    return None\n"
     )
 
     def load() -> Any:

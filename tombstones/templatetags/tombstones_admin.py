@@ -7,14 +7,14 @@ from datetime import datetime, timedelta
 from django import template
 from django.utils.safestring import SafeString
 
-from ..display import format_duration, time_html
+from ..admin.display import format_duration, time_html
 
 register = template.Library()
 
 
 @register.filter
 def tg_time(value: datetime | None) -> SafeString | str:
-    """A time in the audit's one format (see :mod:`tombstones.display`)."""
+    """A time in the audit's one format (see :mod:`tombstones.admin.display`)."""
     return time_html(value)
 
 

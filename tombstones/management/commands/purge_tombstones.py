@@ -11,11 +11,11 @@ from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Cast, Now
 
-from tombstones import fencing
-from tombstones.conf import tombstone_settings
-from tombstones.management.databases import add_database_argument, database_alias
-from tombstones.models import Job
-from tombstones.records import TombstoneModel
+from ...conf import tombstone_settings
+from ...jobs.models import Job
+from ...records import writes
+from ...records.mixin import TombstoneModel
+from ..databases import add_database_argument, database_alias
 
 
 class Command(BaseCommand):
@@ -78,11 +78,9 @@ class Command(BaseCommand):
     def _plan(self, model: type[TombstoneModel], db: str) -> dict[str, Any]:
         content_type = ContentType.objects.db_manager(db).get_for_model(model)
         referenced = Exists(
-            Job.objects.using(db).filter(
-                content_type=content_type,
-                object_id=Cast(OuterRef("pk"), models.CharField()),
-                status__in=Job.UNFINISHED,
-            )
+            Job.objects.using(db)
+            .unfinished()
+            .filter(content_type=content_type, object_id=Cast(OuterRef("pk"), models.CharField()))
         )
         cutoff = Now() - Value(tombstone_settings.RETENTION)
         dead = model.tombstones.using(db)
@@ -110,7 +108,7 @@ class Command(BaseCommand):
                         .filter(pk=pk, deleted_at__lt=plan["cutoff"])
                         .filter(~plan["referenced_q"])
                     )
-                    removed += 1 if fencing.purge(still) else 0
+                    removed += 1 if writes.purge(still) else 0
             except (models.ProtectedError, models.RestrictedError):
                 protected += 1
         return removed, protected

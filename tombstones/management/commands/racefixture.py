@@ -1,4 +1,4 @@
-"""``manage.py racefixture``: run the seed's race cases against the real database and worker."""
+"""``manage.py racefixture``: run the race fixture against the real database and worker."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tombstones.conf import tombstone_settings
-from tombstones.exceptions import UnknownHandler
-from tombstones.management.databases import add_database_argument, database_alias
-from tombstones.registry import get_handler
-from tombstones.testing import SEED_CASES, WORKED_EXAMPLE, FixtureError, RaceFixture, load_cases
+from ...conf import tombstone_settings
+from ...contrib.racefixture import SEED_CASES, WORKED_EXAMPLE, FixtureError, RaceFixture, load_cases
+from ...exceptions import UnknownHandler
+from ...jobs.registry import get_handler
+from ..databases import add_database_argument, database_alias
 
 
 class Command(BaseCommand):
     help = (
-        "Run the race fixture (the seed's four cases and its worked example) through the "
+        "Run the race fixture (its four race cases and the worked example) through the "
         "production worker phases, in transactions that are rolled back. Exits non-zero on any "
         "mismatch."
     )
@@ -49,11 +49,11 @@ class Command(BaseCommand):
             fixture = RaceFixture(model, options["handler"], using=using)
         except FixtureError as exc:
             raise CommandError(str(exc)) from None
-        seed = fixture.run(SEED_CASES)
+        four = fixture.run(SEED_CASES)
         others = fixture.run([WORKED_EXAMPLE, *extra])
-        self.stdout.write(seed.table())
+        self.stdout.write(four.table())
         self.stdout.write("")
         self.stdout.write(others.table())
-        if not (seed.ok and others.ok):
+        if not (four.ok and others.ok):
             raise CommandError("The race fixture found a mismatch (see the table above).")
-        self.stdout.write(self.style.SUCCESS(seed.summary()))
+        self.stdout.write(self.style.SUCCESS(four.summary()))

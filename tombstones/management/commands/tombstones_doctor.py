@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Q
-from django.db.models.functions import Now
 
-from tombstones.conf import tombstone_settings
-from tombstones.management.databases import add_database_argument, database_alias
-from tombstones.models import Job
-from tombstones.wakeups import TASK as TASK_FUNC
-from tombstones.worker import carried as carried_statuses
+from ...conf import tombstone_settings
+from ...jobs.models import Job
+from ...jobs.wakeups import TASK as TASK_FUNC
+from ...worker import carried as carried_statuses
+from ..databases import add_database_argument, database_alias
 
 # Orphaned job ids listed at verbosity 2.
 MAX_LISTED = 20
@@ -65,9 +63,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  job ids: {shown}{more}")
 
     def _unfenced(self, db: str) -> list[str]:
-        jobs = Job.objects.using(db).filter(
-            Q(generation__isnull=True) | Q(version__isnull=True), status__in=Job.UNFINISHED
-        )
+        jobs = Job.objects.using(db).unfinished().unfenced()
         return [
             f"job {pk} has no generation/version (status {s})"
             for pk, s in jobs.values_list("pk", "status")[:100]
@@ -109,7 +105,7 @@ class Command(BaseCommand):
         return found, sorted(set(orphans), key=_id_order)
 
     def _expired_leases(self, db: str) -> list[str]:
-        jobs = Job.objects.using(db).filter(status=Job.Status.RUNNING, lease_expires_at__lt=Now())
+        jobs = Job.objects.using(db).lapsed()
         return [
             f"job {pk} is running with an expired lease (owner {owner})"
             for pk, owner in jobs.values_list("pk", "owner")[:100]

@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
-from tombstones.management.databases import add_database_argument, database_alias
-from tombstones.roles import AUDITOR_PERMISSIONS, AUDITORS, apply_auditors
+from ...roles import AUDITOR_PERMISSIONS, AUDITORS, apply_auditors
+from ..databases import add_database_argument, database_alias
 
 
 class Command(BaseCommand):

@@ -1,0 +1,301 @@
+"""The read-only job audit: its base admin and columns, the id search, the event and rejection logs.
+
+Everything here is read-only through the permission hooks (the staff actions are on the job page,
+:mod:`.jobs`). No page shows a job's params, a record's field values, ``str(record)`` or exception
+text: the record is named by ``app_label.model:pk`` and an error by its class.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import get_fields_from_path
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from ..jobs import ledger
+from ..jobs.models import Job, JobEvent, Rejection
+from .display import time_html
+
+# The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
+_MAX_ID_DIGITS = 18
+
+
+def search_ids(queryset: QuerySet[Any], term: str, job_field: str) -> QuerySet[Any]:
+    """Search by job id (``42``, ``#42``) or record pk (``7``, ``customers.customer:7``).
+
+    Exact matches on ids only: no lookup ever touches params or the record's fields.
+    """
+    term = term.strip()
+    if not term:
+        return queryset
+    if term.startswith("#"):
+        digits = term[1:]
+        if digits.isdigit() and len(digits) <= _MAX_ID_DIGITS:
+            return queryset.filter(**{job_field: int(digits)})
+        return queryset.none()
+    if ":" in term:
+        label, _, pk = term.rpartition(":")
+        app_label, _, model = label.lower().partition(".")
+        return queryset.filter(
+            content_type__app_label=app_label, content_type__model=model, object_id=pk
+        )
+    match = Q(object_id=term)
+    if term.isdigit() and len(term) <= _MAX_ID_DIGITS:
+        match |= Q(**{job_field: int(term)})
+    return queryset.filter(match)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View-only through the permission hooks: nobody adds, changes or deletes audit rows.
+
+    Changelist lookups are closed as well: Django accepts any lookup on a local field, so
+    ``?params__email__startswith=o`` would answer "1 job" or "0 jobs" about a hidden column.
+    Only the parameters of the declared ``list_filter`` and ``date_hierarchy``, plus
+    ``extra_lookups``, are accepted, for every user; anything else is Django's
+    DisallowedModelAdminLookup (a 400). Search goes through ``get_search_results`` (ids only).
+    """
+
+    extra_lookups: tuple[str, ...] = ()
+
+    class Media:
+        css = {"all": ("tombstones/admin.css",)}
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.declared_lookups(request)
+
+    def declared_lookups(self, request: HttpRequest | None) -> frozenset[str]:
+        """The query-string parameters the declared filters and the date hierarchy read."""
+        names = set(self.extra_lookups)
+        if self.date_hierarchy:
+            names.update(f"{self.date_hierarchy}__{part}" for part in ("year", "month", "day"))
+        for item in self.get_list_filter(request):  # type: ignore[arg-type]
+            names.update(self._filter_parameters(request, item))
+        return frozenset(names)
+
+    def _filter_parameters(self, request: HttpRequest | None, item: Any) -> list[str]:
+        # Built as ChangeList.get_filters builds them, from an empty query string.
+        if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+            return [str(item.parameter_name)]
+        if isinstance(item, tuple | list):
+            field_path, filter_class = item
+        else:
+            field_path, filter_class = item, admin.FieldListFilter.create
+        field = get_fields_from_path(self.model, field_path)[-1]
+        spec = filter_class(field, request, {}, self.model, self, field_path=field_path)
+        return [str(name) for name in spec.expected_parameters()]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def record_ref(obj: Job | JobEvent) -> str:
+    """``app_label.model:pk``: how the audit names a record."""
+    return ledger.record_ref(obj.content_type_id, obj.object_id)
+
+
+def generation_version(generation: int | None, version: int | None) -> str:
+    """``g2/v5`` (``?`` for an unknown half, ``-`` when both are)."""
+    if generation is None and version is None:
+        return "-"
+    g = "?" if generation is None else generation
+    v = "?" if version is None else version
+    return f"g{g}/v{v}"
+
+
+def timeline_url(content_type_id: int, object_id: str) -> str:
+    """The record timeline (URL name ``admin:tombstones_job_timeline``)."""
+    return reverse("admin:tombstones_job_timeline", args=(content_type_id, object_id))
+
+
+def _record_link(obj: Job | JobEvent) -> str:
+    url = timeline_url(obj.content_type_id, obj.object_id)
+    return format_html('<a href="{}">{}</a>', url, record_ref(obj))
+
+
+def time_column(field: str, description: Any) -> Callable[[Any, Any], str]:
+    """An admin column or read-only field showing ``field`` in the audit's one time format."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        return time_html(getattr(obj, field))
+
+    column.__name__ = field
+    return column
+
+
+def breakable(name: str) -> str:
+    """A dotted handler name that may wrap after a dot or an underscore, never inside a word."""
+    return format_html_join("", "{}<wbr>", ((part,) for part in re.split(r"(?<=[._])", name)))
+
+
+class AuditColumns(ReadOnlyAdmin):
+    """Columns the job audit, the event log and the rejection log share: ids and codes only."""
+
+    @admin.display(description=gettext_lazy("record"), ordering="object_id")
+    def record(self, obj: Job | JobEvent) -> str:
+        return _record_link(obj)
+
+    @admin.display(description=gettext_lazy("reason"), ordering="reason")
+    def reason_code(self, obj: Job | JobEvent) -> str:
+        return obj.reason or "-"
+
+    @admin.display(description=gettext_lazy("found"))
+    def found(self, obj: Job | JobEvent) -> str:
+        return generation_version(obj.found_generation, obj.found_version)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(AuditColumns):
+    list_display = (
+        "id",
+        "created",
+        "event",
+        "job_link",
+        "record",
+        "reason_code",
+        "expected",
+        "found",
+    )
+    list_filter = ("event", "reason", "created_at")
+    search_fields = ("=object_id",)
+    search_help_text = gettext_lazy("Job id (#42) or record pk (7 or customers.customer:7).")
+    list_select_related = ("content_type",)
+    fields = (*list_display, "worker")
+    readonly_fields = fields
+
+    created = time_column("created_at", gettext_lazy("created"))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobEvent], search_term: str
+    ) -> tuple[QuerySet[JobEvent], bool]:
+        return search_ids(queryset, search_term, "job_id"), False
+
+    @admin.display(description=gettext_lazy("job"), ordering="job_id")
+    def job_link(self, obj: JobEvent) -> str:
+        url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
+        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+
+    @admin.display(description=gettext_lazy("expected"))
+    def expected(self, obj: JobEvent) -> str:
+        return generation_version(obj.expected_generation, obj.expected_version)
+
+
+def _csv_cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    # A spreadsheet must never evaluate a cell (CSV injection): ids only, but be safe.
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+# The rejection log's columns, shared by the list and the CSV export: (header, value).
+REJECTION_COLUMNS: tuple[tuple[str, Callable[[Rejection], Any]], ...] = (
+    ("timestamp", lambda r: r.created_at.isoformat()),
+    ("reason", lambda r: r.reason),
+    ("job id", lambda r: r.job_id),
+    ("record", record_ref),
+    ("expected generation", lambda r: r.expected_generation),
+    ("expected version", lambda r: r.expected_version),
+    ("found generation", lambda r: r.found_generation),
+    ("found version", lambda r: r.found_version),
+)
+
+
+@admin.register(Rejection)
+class RejectionAdmin(AuditColumns):
+    list_display = (
+        "timestamp",
+        "reason_code",
+        "job_link",
+        "record",
+        "expected_generation",
+        "expected_version",
+        "found_generation",
+        "found_version",
+    )
+    list_display_links = ("timestamp",)
+    list_filter = ("reason", "created_at")
+    search_fields = ("=object_id",)
+    search_help_text = gettext_lazy("Job id (#42) or record pk (7 or customers.customer:7).")
+    list_select_related = ("content_type",)
+    date_hierarchy = "created_at"
+    fields = (
+        "timestamp",
+        "reason_code",
+        "job_link",
+        "record",
+        "expected_generation",
+        "expected_version",
+        "found_generation",
+        "found_version",
+        "worker",
+    )
+    readonly_fields = fields
+    change_list_template = "tombstones/admin/rejection_change_list.html"
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Rejection], search_term: str
+    ) -> tuple[QuerySet[Rejection], bool]:
+        return search_ids(queryset, search_term, "job_id"), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The page keeps its name; its counter reads "4 rejections" (the model's plural).
+        title = _("Rejection log")
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    timestamp = time_column("created_at", gettext_lazy("timestamp"))
+
+    @admin.display(description=gettext_lazy("reason"), ordering="reason")
+    def reason_code(self, obj: Job | JobEvent) -> str:
+        # A rejection always has its reason; the list and the CSV show it bare.
+        return obj.reason
+
+    @admin.display(description=gettext_lazy("job id"), ordering="job_id")
+    def job_link(self, obj: Rejection) -> str:
+        url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
+        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "export.csv",
+                self.admin_site.admin_view(self.export_csv),
+                name="tombstones_rejection_export",
+            ),
+            *super().get_urls(),
+        ]
+
+    def export_csv(self, request: HttpRequest) -> HttpResponse:
+        """The rejection log as CSV: the list's columns, its filters and search applied."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponse(_("Invalid filter."), status=400, content_type="text/plain")
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        response["Content-Disposition"] = f'attachment; filename="rejections-{stamp}.csv"'
+        writer = csv.writer(response)
+        writer.writerow([header for header, _ in REJECTION_COLUMNS])
+        for row in changelist.queryset.iterator(chunk_size=2000):
+            writer.writerow([_csv_cell(value(row)) for _, value in REJECTION_COLUMNS])
+        return response

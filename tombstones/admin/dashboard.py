@@ -1,0 +1,361 @@
+"""The job dashboard: counts, why each waiting job waits, blocked lanes, the oldest due job, the
+next sweep, throughput, jobs awaiting a decision, outcomes over time, rejections per day.
+
+Read-only, ids and reason codes only. The charts are drawn server-side (inline SVG). Every
+condition comes from the job table's (``Job.objects.oldest_due()``, ``lane_heads()``,
+``blocking()``, ``waiting_behind()``; :mod:`tombstones.jobs.queries`' ``lapsed()``,
+``overdue()``, ``behind()``), as the engine reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Now, TruncDate, TruncHour
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
+from ..conf import tombstone_settings
+from ..jobs import queries
+from ..jobs.models import Job, JobEvent
+from .display import format_time
+from .timeline import STATUS_COLOURS
+
+Status = Job.Status
+Reason = Job.Reason
+
+LIST_LIMIT = 50
+CHART_DAYS = 14
+CHART_HOURS = 24
+SWEEP_SCHEDULE = "tombstones.sweep"  # the django-q2 schedule made by tombstones.sweep
+
+
+@dataclass
+class BlockedLane:
+    lane: str
+    head: Job
+    since: Any
+    behind: int
+    why: str
+
+
+def status_counts() -> list[tuple[str, str, int]]:
+    """(status, label, count) for every status, zeros included."""
+    counts = dict(Job.objects.values_list("status").annotate(n=Count("id")).order_by())
+    return [(value, str(label), counts.get(value, 0)) for value, label in Status.choices]
+
+
+def _last_event_at() -> Subquery:
+    return Subquery(
+        JobEvent.objects.filter(job_id=OuterRef("pk")).order_by("-id").values("created_at")[:1]
+    )
+
+
+# A job whose handler no worker that ran it knew: a deploy in progress, or a handler to register.
+UNKNOWN_HANDLER = gettext_noop(
+    "no worker that took it has the handler %(handler)s: if a deploy is in progress it runs once "
+    "the new workers are up; otherwise register the handler (re-queue escalated jobs then)"
+)
+
+
+def _why(job: Job, lease_overdue: bool) -> str:
+    reason = f" ({job.reason})" if job.reason else ""
+    error = f", {job.error_class}" if job.error_class else ""
+    if job.status == Status.PAUSED:
+        return _("paused: the record could not be read%(reason)s") % {"reason": reason}
+    if job.reason == Reason.HANDLER_UNKNOWN and job.status in (Status.RETRY_WAIT, Status.ESCALATED):
+        return _(UNKNOWN_HANDLER) % {"handler": job.handler}
+    if job.status == Status.RETRY_WAIT:
+        return _("waiting to retry after attempt %(n)s%(reason)s%(error)s") % {
+            "n": job.attempts,
+            "reason": reason,
+            "error": error,
+        }
+    if job.status == Status.RUNNING:
+        return _("running, but its lease expired: the worker vanished (the sweep requeues it)")
+    if lease_overdue:
+        return _("queued and due, but no worker took it: the wake-up message may be lost")
+    if job.status == Status.QUEUED and job.run_after > timezone.now():
+        return _("not due yet (due at %(at)s); the jobs behind it wait") % {
+            "at": format_time(job.run_after)
+        }
+    return f"{job.status}{reason}"
+
+
+def blocked_lanes() -> list[BlockedLane]:
+    """Lanes whose head cannot make progress right now, with the jobs waiting behind it.
+
+    A head is stuck when it is paused, waiting to retry, running on a lapsed lease, or queued
+    and overdue; a delayed head (queued, not due yet) blocks its lane when jobs wait behind it.
+    """
+    delayed = Q(status=Status.QUEUED, run_after__gt=Now())
+    heads = (
+        Job.objects.unfinished()
+        .lane_heads()
+        .annotate(has_followers=queries.behind())
+        .filter(
+            Q(status__in=(Status.PAUSED, Status.RETRY_WAIT))
+            | queries.overdue()
+            | queries.lapsed()
+            | (delayed & Q(has_followers=True))
+        )
+        .annotate(since=_last_event_at(), is_overdue=Exists(_overdue_self()))
+        .select_related("content_type")
+        .defer("params")
+        .order_by("queued_at", "id")[:LIST_LIMIT]
+    )
+    found = []
+    for head in heads:
+        found.append(
+            BlockedLane(
+                lane=head.lane,
+                head=head,
+                since=head.since or head.created_at,
+                behind=Job.objects.waiting_behind(head).count(),
+                why=_why(head, bool(head.is_overdue)),
+            )
+        )
+    return found
+
+
+def _overdue_self() -> Any:
+    return Job.objects.filter(pk=OuterRef("pk")).filter(queries.overdue())
+
+
+@dataclass
+class Waiting:
+    """One waiting job and why it waits: ``kind`` is delayed, behind, overdue, paused or due."""
+
+    job: Job
+    kind: str
+    text: str
+    at: datetime | None = None  # due at, or due since
+    blocker: Job | None = None  # the job it waits behind
+
+
+def why_waiting(job: Job, now: datetime) -> Waiting:
+    """Why a queued, retry-waiting or paused job has not run (ids and statuses only)."""
+    if job.status == Status.PAUSED:
+        reason = f" ({job.reason})" if job.reason else ""
+        text = _("paused: the record could not be read%(reason)s") % {"reason": reason}
+        return Waiting(job, "paused", text)
+    if job.reason == Reason.HANDLER_UNKNOWN and job.status == Status.RETRY_WAIT:
+        return Waiting(job, "delayed", _(UNKNOWN_HANDLER) % {"handler": job.handler})
+    if job.run_after > now:
+        what = _("retry due at") if job.status == Status.RETRY_WAIT else _("due at")
+        return Waiting(job, "delayed", what, at=job.run_after)
+    blocker = Job.objects.blocking(job).defer("params").order_by("queued_at", "id").first()
+    if blocker is not None:
+        return Waiting(
+            job,
+            "behind",
+            _("behind job %(job)s (%(status)s)") % {"job": blocker.pk, "status": blocker.status},
+            blocker=blocker,
+        )
+    if now - job.run_after > tombstone_settings.LEASE:
+        return Waiting(job, "overdue", _("overdue: no worker took it; due since"), at=job.run_after)
+    return Waiting(job, "due", _("due since"), at=job.run_after)
+
+
+def waiting_jobs(now: datetime) -> tuple[list[Waiting], int]:
+    """The first waiting jobs in lane order, each with why it waits, and how many wait in all."""
+    waiting = Job.objects.waiting()
+    first = waiting.defer("params").order_by("queued_at", "id")[:LIST_LIMIT]
+    return [why_waiting(job, now) for job in first], waiting.count()
+
+
+def oldest_due() -> dict[str, Any] | None:
+    """The job due for the longest time and for how long (``Job.objects.oldest_due()``)."""
+    job = Job.objects.oldest_due().defer("params").first()
+    if job is None:
+        return None
+    waited: timedelta = job.waited  # type: ignore[attr-defined]  # annotated by oldest_due()
+    return {"job": job, "since": job.run_after, "age": max(waited, timedelta(0))}
+
+
+def next_sweep() -> dict[str, Any] | None:
+    """The sweep's django-q2 schedule: its next run and interval (None without a schedule)."""
+    from django_q.models import Schedule
+
+    schedule = Schedule.objects.filter(name=SWEEP_SCHEDULE).only("next_run", "minutes").first()
+    if schedule is None:
+        return None
+    return {"next_run": schedule.next_run, "minutes": schedule.minutes}
+
+
+def throughput(now: datetime) -> dict[str, int]:
+    """Jobs finished (any final status) in the last minute and the last hour."""
+    return Job.objects.aggregate(
+        minute=Count("id", filter=Q(finished_at__gte=now - timedelta(minutes=1))),
+        hour=Count("id", filter=Q(finished_at__gte=now - timedelta(hours=1))),
+    )
+
+
+def outcomes_by_hour(now: datetime, hours: int = CHART_HOURS) -> list[tuple[datetime, dict]]:
+    """Finished jobs per hour for the last ``hours`` hours (the current one included), by status."""
+    tz = timezone.get_current_timezone()
+    last = timezone.localtime(now, tz).replace(minute=0, second=0, microsecond=0)
+    buckets = [last - timedelta(hours=hours - 1 - i) for i in range(hours)]
+    rows = (
+        Job.objects.filter(finished_at__gte=buckets[0])
+        .annotate(bucket=TruncHour("finished_at", tzinfo=tz))
+        .values_list("bucket", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts: dict[datetime, dict[str, int]] = {b: {} for b in buckets}
+    for bucket, status, n in rows:
+        key = timezone.localtime(bucket, tz) if timezone.is_aware(bucket) else bucket
+        if key in counts:
+            counts[key][status] = counts[key].get(status, 0) + n
+    return [(b, counts[b]) for b in buckets]
+
+
+def outcomes_by_day(now: datetime, days: int = CHART_DAYS) -> list[tuple[date, dict]]:
+    """Finished jobs per day for the last ``days`` days (today included), by status."""
+    today = timezone.localdate(now)
+    start = today - timedelta(days=days - 1)
+    rows = (
+        Job.objects.filter(finished_at__date__gte=start)
+        .annotate(day=TruncDate("finished_at"))
+        .values_list("day", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts: dict[date, dict[str, int]] = {start + timedelta(days=i): {} for i in range(days)}
+    for day, status, n in rows:
+        if day in counts:
+            counts[day][status] = counts[day].get(status, 0) + n
+    return sorted(counts.items())
+
+
+def _bucket_name(key: date) -> str:
+    return key.strftime("%Y-%m-%d %H:00") if isinstance(key, datetime) else key.isoformat()
+
+
+def stacked_chart(
+    series: list[tuple[Any, dict]], label: Any, bar: int = 24, gap: int = 6
+) -> dict[str, Any]:
+    """Geometry of stacked bars, one segment per final status, for the template's inline SVG."""
+    height, base = 120, 140
+    peak = max((sum(c.values()) for _, c in series), default=0) or 1
+    order = [s for s in Job.TERMINAL if s in STATUS_COLOURS]
+    bars = []
+    for i, (key, counts) in enumerate(series):
+        x = 10 + i * (bar + gap)
+        total = sum(counts.values())
+        top = base
+        segments = []
+        for status in order:
+            n = counts.get(status, 0)
+            if not n:
+                continue
+            h = max(round(height * n / peak), 1)
+            top -= h
+            segments.append(
+                {"status": status, "n": n, "y": top, "h": h, "colour": STATUS_COLOURS[status]}
+            )
+        bars.append(
+            {
+                "x": x,
+                "w": bar,
+                "text_x": x + bar // 2,
+                "total": total,
+                "top": top,
+                "label": label(key),
+                "title": f"{_bucket_name(key)}: "
+                + (", ".join(f"{s['n']} {s['status']}" for s in segments) or _("none")),
+                "segments": segments,
+            }
+        )
+    return {
+        "width": 20 + len(series) * (bar + gap),
+        "height": base + 36,
+        "base": base,
+        "bars": bars,
+        "total": sum(b["total"] for b in bars),
+        "legend": [(s, STATUS_COLOURS[s]) for s in order],
+    }
+
+
+def awaiting(status: str) -> list[Job]:
+    """Jobs in a terminal status that needs a person (uncertain, escalated), oldest first."""
+    return list(
+        Job.objects.filter(status=status)
+        .select_related("content_type")
+        .defer("params")
+        .annotate(since=F("finished_at"))
+        .order_by("finished_at", "id")[:LIST_LIMIT]
+    )
+
+
+def rejections_per_day(days: int = CHART_DAYS) -> list[tuple[date, int]]:
+    today = timezone.localdate()
+    start = today - timedelta(days=days - 1)
+    rows = (
+        JobEvent.objects.filter(event=JobEvent.Event.REJECTED, created_at__date__gte=start)
+        .annotate(day=TruncDate("created_at"))
+        .values_list("day")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts = {day: n for day, n in rows}
+    days_shown = [start + timedelta(days=i) for i in range(days)]
+    return [(day, counts.get(day, 0)) for day in days_shown]
+
+
+def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
+    """Bar geometry for the template's inline SVG."""
+    bar, gap, height, base = 28, 8, 120, 140
+    peak = max((n for _, n in series), default=0) or 1
+    bars = []
+    for i, (day, n) in enumerate(series):
+        h = round(height * n / peak)
+        x = 10 + i * (bar + gap)
+        bars.append(
+            {
+                "x": x,
+                "y": base - h,
+                "h": h,
+                "w": bar,
+                "n": n,
+                "label": day.strftime("%m-%d"),
+                "title": _("%(day)s: %(n)d rejected") % {"day": day.isoformat(), "n": n},
+                "text_x": x + bar // 2,
+            }
+        )
+    return {
+        "width": 20 + len(series) * (bar + gap),
+        "height": base + 36,
+        "base": base,
+        "bars": bars,
+        "total": sum(n for _, n in series),
+    }
+
+
+def context() -> dict[str, Any]:
+    now = timezone.now()
+    series = rejections_per_day()
+    waiting, waiting_total = waiting_jobs(now)
+    return {
+        "status_counts": status_counts(),
+        "waiting_jobs": waiting,
+        "waiting_total": waiting_total,
+        "blocked_lanes": blocked_lanes(),
+        "oldest_due": oldest_due(),
+        "next_sweep": next_sweep(),
+        "throughput": throughput(now),
+        "uncertain_jobs": awaiting(Status.UNCERTAIN),
+        "escalated_jobs": awaiting(Status.ESCALATED),
+        "outcomes_by_hour": stacked_chart(outcomes_by_hour(now), lambda h: h.strftime("%H")),
+        "outcomes_by_day": stacked_chart(
+            outcomes_by_day(now), lambda d: d.strftime("%m-%d"), bar=28, gap=8
+        ),
+        "rejection_chart": chart(series),
+        "chart_days": CHART_DAYS,
+        "chart_hours": CHART_HOURS,
+    }

@@ -1,0 +1,32 @@
+"""The ledger: every statement that writes the job table, by role (claims, outcomes, take-back,
+external calls, enqueue's insert, params). A face: callers write ``ledger.claim(...)``.
+"""
+
+from .claims import Claim, claim, give_back, holds_any, renew, worker_id
+from .insert import insert_job
+from .outcomes import Found, Outcome, event_row, record, record_ref, release, transition
+from .params import erase_params
+from .rescue import take_back_lapsed
+from .sending import clear_sending, mark_sending, mark_sent
+
+__all__ = [
+    "Claim",
+    "Found",
+    "Outcome",
+    "claim",
+    "clear_sending",
+    "erase_params",
+    "event_row",
+    "give_back",
+    "holds_any",
+    "insert_job",
+    "mark_sending",
+    "mark_sent",
+    "record",
+    "record_ref",
+    "release",
+    "renew",
+    "take_back_lapsed",
+    "transition",
+    "worker_id",
+]

@@ -1,0 +1,54 @@
+"""Enqueue's statement: one INSERT, and the job row is also the audit record of the enqueue.
+
+Here so that every statement on the job table is the ledger's; :mod:`tombstones.jobs.enqueue`
+keeps the checks before it and the wake-up after it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.db import models
+from django.db.models import Value
+from django.db.models.functions import Greatest, Now
+from django.utils import timezone
+
+from ..models import Job
+
+
+def insert_job(
+    db: str,
+    *,
+    handler: str,
+    content_type: ContentType,
+    object_id: str,
+    generation: int | None,
+    version: int | None,
+    lane: str,
+    params: dict[str, Any],
+    external: bool,
+    run_after: datetime | None = None,
+) -> Job:
+    """Insert a queued job (in the caller's transaction if there is one, so a rolled-back request
+    leaves no job); see :meth:`.models.Job.enqueued_event`."""
+    fields: dict[str, Any] = {
+        "handler": handler,
+        "content_type": content_type,
+        "object_id": object_id,
+        "generation": generation,
+        "version": version,
+        "lane": lane,
+        "params": params,
+        "external": external,
+    }
+    if run_after is not None:
+        # A delayed job takes its place in its lane when it is due; never before now, so that it
+        # cannot overtake the jobs queued before it.
+        due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
+        fields["run_after"] = fields["queued_at"] = due
+    job = Job.objects.using(db).create(**fields)
+    if run_after is not None:  # the row holds the database's answer; this is close to it
+        job.run_after = job.queued_at = max(run_after, timezone.now())
+    return job

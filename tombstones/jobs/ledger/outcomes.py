@@ -1,0 +1,328 @@
+"""Outcomes: what became of a job, written by one UPDATE with its events, announced after commit.
+
+One writer (:func:`_write`) behind the three roads that end a claim's hold on a job: a worker's
+outcomes (:func:`record`), a change outside a claim by the sweep or staff (:func:`transition`),
+and a crash or hand-back (:func:`release`). Log lines and signals follow the commit, with ids,
+reason codes and versions in ``extra`` and never a record's field values.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.db import connections, models, router, transaction
+from django.db.models import Case, Exists, F, Q, Value, When
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
+
+from ...conf import tombstone_settings
+from ...exceptions import LeaseLost
+from ...signals import job_escalated, job_finished
+from ..models import Job, JobEvent
+from ..states import EVENT_FOR_STATUS, TERMINAL, Event, Reason, Status
+from .claims import Claim, given_back, mine
+from .params import EMPTY_PARAMS, params_after
+
+logger = logging.getLogger("tombstones")
+
+# Log level per outcome: a rejection never reads like a success.
+_LEVELS: dict[str, int] = {
+    Status.SUCCEEDED: logging.INFO,
+    Status.ESCALATED: logging.ERROR,
+    Status.FAILED: logging.ERROR,
+    Status.CANCELLED: logging.INFO,
+    Status.QUEUED: logging.INFO,
+}
+
+Found = tuple[int | None, int | None]
+
+
+@dataclass
+class Outcome:
+    """What became of one claimed job, and the audit events that lead to it."""
+
+    job: Job
+    status: str
+    reason: str = Reason.NONE
+    found: Found = (None, None)
+    error_class: str = ""
+    retry_in: timedelta | None = None  # retry_wait: when it becomes due again
+    erase_params: bool = False  # the job ended: nothing of its params is kept (params_after)
+    refund: bool = False  # the claim did not count: its attempt is given back
+    writes: int = 0
+    events: list[JobEvent] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> int:
+        return int(self.job.pk)
+
+    def as_list(self) -> list[Any]:
+        # Plain values: this is what django-q2 stores in its task table.
+        return [self.job_id, str(self.status), str(self.reason)]
+
+
+def event_row(
+    job: Job,
+    event: str,
+    reason: str = Reason.NONE,
+    found: Found = (None, None),
+    worker: str = "",
+    at: datetime | None = None,
+) -> JobEvent:
+    """An (unsaved) event; ``at``: its time (default: the database's when it is inserted)."""
+    row = JobEvent(
+        job_id=job.pk,
+        content_type_id=job.content_type_id,
+        object_id=job.object_id,
+        event=event,
+        reason=reason,
+        expected_generation=job.generation,
+        expected_version=job.version,
+        found_generation=found[0],
+        found_version=found[1],
+        worker=worker,
+    )
+    if at is not None:
+        row.created_at = at
+    return row
+
+
+def record(claim: Claim, outcomes: Sequence[Outcome]) -> None:
+    """Record the outcomes of claimed jobs: one UPDATE, one INSERT of their events.
+
+    Call it inside the transaction that made the handlers' writes: both commit or neither.
+    Raises LeaseLost unless every job is still this claim's, so a zombie's writes roll back.
+    """
+    if not outcomes:
+        return
+    for outcome in outcomes:
+        outcome.events.append(
+            event_row(
+                outcome.job,
+                EVENT_FOR_STATUS[outcome.status],
+                outcome.reason,
+                outcome.found,
+                claim.worker,
+                at=claim.db_now(),
+            )
+        )
+    matched = _write(mine(claim, [o.job_id for o in outcomes]), outcomes, claim.using)
+    if matched != len(outcomes):
+        raise LeaseLost(model="tombstones.Job", pk=[o.job_id for o in outcomes])
+    _after(outcomes, claim.using)
+
+
+def transition(
+    job: Job,
+    status: str,
+    reason: str,
+    *,
+    from_status: tuple[str, ...],
+    event: str | None = None,
+    extra_filter: Q | Exists | None = None,
+    before: Sequence[JobEvent] = (),
+    **fields: Any,
+) -> bool:
+    """A conditional status change outside a claim (sweep, staff): True if it applied.
+
+    ``before``: events that precede the change's own (the claim a take-back ends)."""
+    db = job._state.db or router.db_for_write(Job)
+    qs = Job.objects.using(db).filter(pk=job.pk, status__in=from_status)
+    if extra_filter is not None:
+        qs = qs.filter(extra_filter)
+    erasure = params_after(job, status, db)
+    if erasure is not None:
+        fields.setdefault("params", erasure)
+    outcome = Outcome(job, status, reason, events=list(before))
+    outcome.events.append(
+        event_row(job, event or EVENT_FOR_STATUS[status], reason, worker=fields.pop("by", ""))
+    )
+    with transaction.atomic(using=db):
+        if not _write(qs, [outcome], db, **fields):
+            return False
+        _after([outcome], db)
+    return True
+
+
+def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **extra: Any) -> int:
+    """The one UPDATE that writes outcomes: a column's value, or a CASE on the id when it varies."""
+    by_id = {o.job_id: o for o in outcomes}
+    terminal = {pk for pk, o in by_id.items() if o.status in TERMINAL}
+    fields: dict[str, Any] = {
+        "status": _column(db, {pk: str(o.status) for pk, o in by_id.items()}),
+        "reason": _column(db, {pk: str(o.reason) for pk, o in by_id.items()}),
+        "error_class": _column(db, {pk: o.error_class[:200] for pk, o in by_id.items()}),
+        "rereads": _column(db, {pk: o.job.rereads for pk, o in by_id.items()}),
+        "lease_expires_at": None,
+        "claim_token": "",
+    }
+    found = {pk: o.found for pk, o in by_id.items()}
+    if any(f != (None, None) for f in found.values()):
+        fields["found_generation"] = _column(db, {pk: f[0] for pk, f in found.items()})
+        fields["found_version"] = _column(db, {pk: f[1] for pk, f in found.items()})
+    if terminal:
+        fields["finished_at"] = _only(terminal, by_id, Now(), F("finished_at"))
+    retries = {pk: o.retry_in for pk, o in by_id.items() if o.retry_in is not None}
+    if retries:
+        fields["run_after"] = Case(
+            *[When(pk=pk, then=Now() + Value(delay)) for pk, delay in retries.items()],
+            default=F("run_after"),
+        )
+    erase = {pk for pk, o in by_id.items() if o.erase_params}
+    if erase:
+        fields["params"] = _only(erase, by_id, EMPTY_PARAMS, F("params"))
+    refund = {pk for pk, o in by_id.items() if o.refund}
+    if refund:
+        fields["attempts"] = _only(refund, by_id, F("attempts") - 1, F("attempts"))
+    fields.update(extra)
+    matched = qs.update(**fields)
+    if matched:
+        for outcome in outcomes:
+            outcome.job.status, outcome.job.reason = outcome.status, outcome.reason
+    return matched
+
+
+def _only(ids: set[int], by_id: dict[int, Outcome], value: Any, otherwise: Any) -> Any:
+    if len(ids) == len(by_id):
+        return value
+    return Case(When(pk__in=list(ids), then=value), default=otherwise)
+
+
+def _column(db: str, values: dict[int, Any]) -> Any:
+    """One value for every job, or ``CASE id WHEN … THEN … END`` with parameters.
+
+    Written as SQL: When() objects compile one lookup per job, and this runs inside the act
+    transaction (on SQLite, while holding the database's write lock).
+    """
+    distinct = set(values.values())
+    if len(distinct) == 1:
+        return next(iter(distinct))
+    ops = connections[db].ops
+    column = ops.quote_name(str(Job._meta.pk.column))
+    sql = f"CASE {column} {' '.join(['WHEN %s THEN %s'] * len(values))} END"
+    params = [value for pk, v in values.items() for value in (pk, v)]
+    sample = next(v for v in distinct if v is not None) if distinct - {None} else None
+    output = models.PositiveIntegerField() if isinstance(sample, int) or sample is None else None
+    return RawSQL(sql, params, output_field=output or models.CharField())
+
+
+def _after(outcomes: Sequence[Outcome], db: str) -> None:
+    """The outcomes' events (one INSERT) and, after commit, their log lines and signals."""
+    JobEvent.objects.using(db).bulk_create([e for o in outcomes for e in o.events])
+    for outcome in outcomes:
+        announce(outcome.job, outcome.status, outcome.reason, outcome.found)
+
+
+# --- crashes and hand-backs -------------------------------------------------------------------
+
+
+def release(
+    claim: Claim,
+    jobs: Sequence[Job],
+    *,
+    culprit: Job | None = None,
+    suspects: bool = False,
+    error_class: str = "",
+) -> None:
+    """Give claimed jobs back without an outcome (a crash in this worker, or a hand-back).
+
+    The ``culprit`` (the job whose handler or check crashed) keeps its attempt: it waits to be
+    retried, or ends ``failed``/``crashed`` once it was claimed TOMBSTONES_MAX_ATTEMPTS times
+    (``uncertain`` if its external call was already sent). The others get their attempt back
+    and are queued again in their place; ``suspects`` marks them to be claimed alone next time
+    (the crash could not be pinned on one of them).
+    """
+    db = claim.using
+    others = [job for job in jobs if job is not culprit]
+    with transaction.atomic(using=db):
+        if others:
+            back = given_back()
+            if suspects:
+                back["reason"] = Reason.CRASHED
+            mine(claim, [job.pk for job in others]).update(**back)
+            for job in others:
+                job.status, job.attempts = Status.QUEUED, job.attempts - 1
+        if culprit is not None:
+            outcome = crash_outcome(culprit, error_class)
+            outcome.events.append(
+                event_row(culprit, Event.CLAIMED, worker=claim.worker, at=claim.claimed_at)
+            )
+            outcome.events.append(
+                event_row(
+                    culprit, EVENT_FOR_STATUS[outcome.status], outcome.reason, at=claim.db_now()
+                )
+            )
+            sending = Q(sending_at__isnull=False)
+            if _write(mine(claim, [culprit.pk]).exclude(sending), [outcome], db):
+                _after([outcome], db)
+            else:  # its external call was sent: the outcome is unknown, never repeated
+                uncertain = Outcome(
+                    culprit, Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN, error_class=error_class
+                )
+                uncertain.events = [
+                    event_row(culprit, Event.UNCERTAIN, Reason.OUTCOME_UNKNOWN, at=claim.db_now())
+                ]
+                params = params_after(culprit, Status.UNCERTAIN, db)
+                sent = mine(claim, [culprit.pk]).filter(sending)
+                if _write(sent, [uncertain], db, params=params):
+                    _after([uncertain], db)
+
+
+def crash_outcome(job: Job, error_class: str = "") -> Outcome:
+    """A claim of ``job`` that ended without an outcome: retried, or failed once capped.
+
+    A lane follower goes back to its place, behind the jobs of its lane given back with it (a
+    retry would hold the lane ahead of them).
+    """
+    if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
+        return Outcome(
+            job, Status.FAILED, Reason.CRASHED, error_class=error_class, erase_params=True
+        )
+    if job.status == Status.QUEUED:
+        return Outcome(job, Status.QUEUED, Reason.CRASHED, error_class=error_class)
+    delay = tombstone_settings.backoff(job.attempts)
+    return Outcome(job, Status.RETRY_WAIT, Reason.CRASHED, error_class=error_class, retry_in=delay)
+
+
+# --- identity and logging ---------------------------------------------------------------------
+
+
+def record_ref(content_type_id: int, object_id: str) -> str:
+    """``app_label.model:pk`` from the (cached) content type: ids only."""
+    ct = ContentType.objects.get_for_id(content_type_id)
+    return f"{ct.app_label}.{ct.model}:{object_id}"
+
+
+def announce(job: Job, status: str, reason: str, found: Found) -> None:
+    """Log the outcome (after commit) and send the signals."""
+    extra = {
+        "job_id": job.pk,
+        "handler": job.handler,
+        "record": record_ref(job.content_type_id, job.object_id),
+        "status": status,
+        "reason": reason,
+        "expected_generation": job.generation,
+        "expected_version": job.version,
+        "found_generation": found[0],
+        "found_version": found[1],
+    }
+    level = _LEVELS.get(status, logging.WARNING)
+    message = (
+        "job %(job_id)s %(status)s reason=%(reason)s handler=%(handler)s record=%(record)s "
+        "expected=g%(expected_generation)s/v%(expected_version)s "
+        "found=g%(found_generation)s/v%(found_version)s"
+    )
+
+    def emit() -> None:
+        logger.log(level, message, extra, extra={"tombstones": extra})
+        if status in TERMINAL:
+            job_finished.send(sender=Job, job=job, status=status, reason=reason)
+        if status == Status.ESCALATED:
+            job_escalated.send(sender=Job, job=job, reason=reason)
+
+    transaction.on_commit(emit, using=job._state.db)

@@ -1,0 +1,279 @@
+"""The job table (``Job``, ``JobEvent``) and its admin proxies (``Rejection``, ``Dashboard``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.db import models
+from django.db.models import DurationField, Exists, ExpressionWrapper, F, Min, OuterRef, Q
+from django.db.models.functions import Now
+
+from . import queries, states
+from .states import CLAIMABLE, HOLDING, QUEUED, RUNNING, SUSPECT, UNFINISHED, WAITING
+
+__all__ = ["Dashboard", "Job", "JobEvent", "Rejection"]
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    """The job table's questions, by name (the conditions are :mod:`.queries`')."""
+
+    def unfinished(self) -> JobQuerySet:
+        return self.filter(status__in=UNFINISHED)
+
+    def for_record(self, content_type_id: int, object_id: Any) -> JobQuerySet:
+        return self.filter(content_type_id=content_type_id, object_id=str(object_id))
+
+    def waiting(self) -> JobQuerySet:
+        """Unfinished and not running: waiting for a worker, a retry or a resume."""
+        return self.filter(status__in=WAITING)
+
+    def unfenced(self) -> JobQuerySet:
+        """Without the (generation, version) snapshot a fenced job needs."""
+        return self.filter(Q(generation__isnull=True) | Q(version__isnull=True))
+
+    def due(self) -> JobQuerySet:
+        """Waiting for a worker (queued or retry_wait) and not held back by ``run_after``."""
+        return self.filter(queries.due())
+
+    def too_old(self) -> JobQuerySet:
+        """Waited longer than ``TOMBSTONES_JOB_MAX_AGE`` since its enqueue."""
+        return self.filter(queries.too_old())
+
+    def lapsed(self) -> JobQuerySet:
+        """Running, but its lease ran out: its worker vanished (or stalled)."""
+        return self.filter(queries.lapsed())
+
+    def lane_heads(self) -> JobQuerySet:
+        """Jobs that no other job of their lane runs before (see the module docstring)."""
+        return self.filter(queries.lane_head())
+
+    def claimable(self) -> JobQuerySet:
+        """What a worker may take now: due lane heads not reserved by a claim (too old ones
+        included: the worker records them expired, so that their lane moves on)."""
+        return self.filter(queries.claimable())
+
+    def orphaned(self) -> JobQuerySet:
+        """Lane followers reserved by a claim that holds no running job any more: a worker that
+        died between its heads' outcomes and giving its followers back."""
+        holder = self.model.objects.filter(claim_token=OuterRef("claim_token"), status=RUNNING)
+        return self.filter(status=QUEUED).exclude(queries.unclaimed()).exclude(Exists(holder))
+
+    def suspects(self) -> JobQuerySet:
+        """Jobs whose last claim ended without an outcome: they are claimed alone next time."""
+        return self.filter(status__in=CLAIMABLE, reason__in=SUSPECT)
+
+    def resolved_before(self) -> JobQuerySet:
+        """Jobs staff resolved once already: an uncertain job is resent at most once."""
+        return self.filter(queries.resolved_before())
+
+    def waiting_behind(self, job: Job) -> JobQuerySet:
+        """The unfinished jobs of ``job``'s lane that run after it."""
+        same_lane = self.unfinished().filter(lane=job.lane).exclude(pk=job.pk)
+        return same_lane.exclude(queries.placed_before(job.queued_at, job.pk))
+
+    def blocking(self, job: Job) -> JobQuerySet:
+        """The jobs of ``job``'s lane that keep it from running (empty for a lane head)."""
+        same_lane = self.unfinished().filter(lane=job.lane).exclude(pk=job.pk)
+        if job.status in HOLDING:
+            return same_lane.filter(status__in=HOLDING)
+        earlier = queries.placed_before(job.queued_at, job.pk)
+        return same_lane.filter(Q(status__in=HOLDING) | (Q(status=QUEUED) & earlier))
+
+    def oldest_due(self) -> JobQuerySet:
+        """The due jobs, the one due longest ago first, each with ``waited``: how long it has
+        been due (database clock).
+
+        "Due" as the dashboard says it: a worker may take it now (claimable). A job behind
+        another of its lane is "behind", and a follower reserved by a claim runs in a moment.
+        """
+        waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
+        return self.claimable().annotate(waited=waited).order_by("run_after", "id")
+
+    def longest_due_wait(self) -> timedelta | None:
+        """How long the oldest due job has been due (:meth:`oldest_due`); None if none is."""
+        # (The stubs do not follow an annotation through a queryset method.)
+        return self.oldest_due().values_list("waited", flat=True).first()  # type: ignore[misc]
+
+    def next_due_in(self) -> timedelta | None:
+        """How long until something becomes due (a delayed job, a retry, a lease's end), in the
+        database's clock; None when nothing waits."""
+        found = self.aggregate(
+            run=Min(
+                queries.from_now("run_after"), filter=Q(status__in=CLAIMABLE, run_after__gt=Now())
+            ),
+            lease=Min(queries.from_now("lease_expires_at"), filter=Q(status=RUNNING)),
+        )
+        waits = [w for w in (found["run"], found["lease"]) if w is not None]
+        return max(min(waits), timedelta(0)) if waits else None
+
+
+class Job(models.Model):
+    """One fenced job: the record it is for, the (generation, version) snapshot, its outcome."""
+
+    Status = states.Status
+    Reason = states.Reason
+    # The status groups (see tombstones.jobs.states).
+    UNFINISHED = states.UNFINISHED
+    HOLDING = states.HOLDING
+    CLAIMABLE = states.CLAIMABLE
+    TERMINAL = states.TERMINAL
+
+    handler = models.CharField(max_length=200, db_index=True)
+    content_type = models.ForeignKey(ContentType, on_delete=models.PROTECT, related_name="+")
+    object_id = models.CharField(max_length=64, db_index=True)
+    generation = models.PositiveIntegerField(null=True, help_text="Snapshot at enqueue.")
+    version = models.PositiveIntegerField(null=True, help_text="Snapshot at enqueue.")
+    lane = models.CharField(
+        "ordering key", max_length=255, help_text="Jobs of one key run one at a time, in order."
+    )
+    status = models.CharField(max_length=16, choices=Status, default=Status.QUEUED, db_index=True)
+    reason = models.CharField(max_length=32, choices=Reason, default=Reason.NONE, blank=True)
+    error_class = models.CharField(max_length=200, blank=True, help_text="Exception class only.")
+    params = models.JSONField(default=dict, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    rereads = models.PositiveIntegerField(default=0)
+    external = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
+    run_after = models.DateTimeField(db_default=Now(), help_text="Not claimable before.")
+    queued_at = models.DateTimeField(
+        db_default=Now(),
+        help_text="Its place in its lane: the enqueue, or a delayed job's due time.",
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    owner = models.CharField(max_length=200, blank=True, help_text="Worker holding the lease.")
+    claim_token = models.CharField(max_length=32, blank=True)
+    sending_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    found_generation = models.PositiveIntegerField(null=True, blank=True)
+    found_version = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("-id",)
+        indexes = [
+            models.Index(
+                fields=["lane", "queued_at", "id"],
+                name="tombstones_job_lane_place",
+                condition=models.Q(status__in=["queued", "running", "retry_wait", "paused"]),
+            ),
+            models.Index(fields=["status", "run_after"], name="tombstones_job_due"),
+            models.Index(fields=["content_type", "object_id"], name="tombstones_job_record"),
+        ]
+        constraints = [
+            # At most one running job per lane, enforced by the database itself.
+            models.UniqueConstraint(
+                fields=["lane"],
+                condition=models.Q(status="running"),
+                name="tombstones_job_one_running_per_lane",
+            ),
+        ]
+        # Staff actions in the admin, each checked on its own (view-only auditors have none).
+        permissions = [
+            ("resolve_job", "Can resolve an uncertain job (delivered, or resend once)"),
+            ("resume_job", "Can resume a paused job"),
+            ("cancel_job", "Can cancel a queued job"),
+            ("skip_lane_head", "Can skip the blocked head of a lane"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Job {self.pk} ({self.handler})"
+
+    @property
+    def sequence(self) -> int:
+        """Enqueue order: ties of ``queued_at`` within a lane are broken by it."""
+        return int(self.pk)
+
+    @property
+    def record_ref(self) -> str:
+        """``app_label.model:pk`` — ids only, never field values."""
+        return f"{self.content_type.app_label}.{self.content_type.model}:{self.object_id}"
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable for the job across any manual resend."""
+        return f"tombstones-job-{self.pk}-g{self.generation}"
+
+    @property
+    def is_fenced(self) -> bool:
+        return self.generation is not None and self.version is not None
+
+    def enqueued_event(self) -> JobEvent:
+        """The enqueue as an (unsaved) event: the job row itself is the record of it."""
+        return JobEvent(
+            job=self,
+            content_type_id=self.content_type_id,
+            object_id=self.object_id,
+            event=JobEvent.Event.ENQUEUED,
+            expected_generation=self.generation,
+            expected_version=self.version,
+            created_at=self.created_at,
+        )
+
+    def history(self) -> list[JobEvent]:
+        """The job's audit trail in order: its enqueue, then its stored events."""
+        return [self.enqueued_event(), *self.events.order_by("created_at", "id")]
+
+
+class JobEvent(models.Model):
+    """Append-only audit trail of a job: what was expected, what was found, and when."""
+
+    Event = states.Event
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    content_type = models.ForeignKey(ContentType, on_delete=models.PROTECT, related_name="+")
+    object_id = models.CharField(max_length=64)
+    event = models.CharField(max_length=16, choices=Event)
+    reason = models.CharField(max_length=32, choices=Job.Reason, default="", blank=True)
+    expected_generation = models.PositiveIntegerField(null=True, blank=True)
+    expected_version = models.PositiveIntegerField(null=True, blank=True)
+    found_generation = models.PositiveIntegerField(null=True, blank=True)
+    found_version = models.PositiveIntegerField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
+
+    class Meta:
+        ordering = ("id",)
+        indexes = [models.Index(fields=["event", "created_at"], name="tombstones_event_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.event} job={self.job_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise TypeError("JobEvent rows are append-only.")
+        super().save(*args, **kwargs)
+
+    @property
+    def record_ref(self) -> str:
+        return f"{self.content_type.app_label}.{self.content_type.model}:{self.object_id}"
+
+
+class RejectionManager(models.Manager["Rejection"]):
+    def get_queryset(self) -> models.QuerySet[Rejection]:
+        return super().get_queryset().filter(event=JobEvent.Event.REJECTED)
+
+
+class Rejection(JobEvent):
+    """The rejection log: the ``rejected`` events only (a proxy, for its own admin entry)."""
+
+    objects = RejectionManager()  # type: ignore[misc]  # narrows JobEvent's default manager
+
+    class Meta:
+        proxy = True
+        ordering = ("-id",)
+        verbose_name = "rejection"
+        verbose_name_plural = "rejections"
+
+
+class Dashboard(Job):
+    """The job dashboard's entry in the admin index (a proxy: no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"

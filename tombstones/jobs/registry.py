@@ -1,0 +1,126 @@
+"""Job handlers, registered by name with ``@tombstones.handler("app.name")``.
+
+Handlers live in any module; modules named ``handlers`` in installed apps are imported the first
+time a handler is looked up, so workers find them without extra configuration.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ..exceptions import UnknownHandler
+
+if TYPE_CHECKING:
+    from .context import HandlerContext
+
+HandlerFunc = Callable[["HandlerContext"], Any]
+
+
+@dataclass(frozen=True)
+class Handler:
+    name: str
+    func: HandlerFunc
+    external: bool = False
+    accepts_tombstones: bool = False
+
+
+_registry: dict[str, Handler] = {}
+_discovered = False
+
+# The width of Job.handler: a longer name could not be stored.
+MAX_NAME_LENGTH = 200
+
+
+def check_name(name: object) -> None:
+    """A handler name is stored in every job row: a non-empty str of at most 200 characters,
+    without control characters (PostgreSQL refuses NUL) or surrounding whitespace."""
+    if not isinstance(name, str) or not name:
+        raise ImproperlyConfigured("A job handler needs a non-empty string name.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ImproperlyConfigured(
+            f"A job handler name has at most {MAX_NAME_LENGTH} characters "
+            f"(this one has {len(name)})."
+        )
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in name):
+        raise ImproperlyConfigured(
+            "A job handler name cannot hold control or format characters (NUL included)."
+        )
+    if name != name.strip():
+        raise ImproperlyConfigured("A job handler name cannot start or end with whitespace.")
+
+
+def handler(
+    name: str, *, external: bool = False, accepts_tombstones: bool = False
+) -> Callable[[HandlerFunc], HandlerFunc]:
+    """Register ``func`` as the job handler called ``name``.
+
+    ``external=True`` marks a handler that calls another system: its call is bracketed as
+    sending/sent and an uncertain outcome is never repeated automatically.
+
+    Registering the same function again with the same options is a no-op; another function under
+    the same name, or the same function with other options, raises ImproperlyConfigured.
+
+    ``accepts_tombstones=True`` marks a handler that propagates deletions: it also runs when the
+    record is a tombstone *of the job's generation* (``ctx.record.is_tombstone``), and may be
+    enqueued for a tombstone. A re-created record (another generation) still rejects it.
+    """
+    check_name(name)
+
+    def register(func: HandlerFunc) -> HandlerFunc:
+        wanted = Handler(
+            name=name, func=func, external=external, accepts_tombstones=accepts_tombstones
+        )
+        existing = _registry.get(name)
+        if existing is None:
+            _registry[name] = wanted
+        elif existing.func is not func:
+            # Identity, not the qualified name: two closures, two partials or a module imported
+            # under two names would otherwise silently replace each other.
+            raise ImproperlyConfigured(
+                f"Two different functions are registered as the job handler {name!r}."
+            )
+        elif existing != wanted:
+            # Flipping external or accepts_tombstones changes how queued jobs are run.
+            raise ImproperlyConfigured(
+                f"The job handler {name!r} is registered again with different options "
+                f"(external={external}, accepts_tombstones={accepts_tombstones}; first "
+                f"external={existing.external}, accepts_tombstones={existing.accepts_tombstones})."
+            )
+        return func
+
+    return register
+
+
+def _discover() -> None:
+    global _discovered
+    if not _discovered:
+        from django.utils.module_loading import autodiscover_modules
+
+        _discovered = True
+        autodiscover_modules("handlers")
+
+
+def get_handler(name: str) -> Handler:
+    """The handler registered as ``name``; raises UnknownHandler."""
+    found = _registry.get(name)
+    if found is None:
+        _discover()
+        found = _registry.get(name)
+    if found is None:
+        raise UnknownHandler(name)
+    return found
+
+
+def registered() -> dict[str, Handler]:
+    _discover()
+    return dict(_registry)
+
+
+def unregister(name: str) -> None:
+    """Remove a handler (for tests that register throwaway handlers)."""
+    _registry.pop(name, None)

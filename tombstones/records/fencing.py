@@ -1,0 +1,207 @@
+"""The handler's write fences: read a record against an expected (generation, version), and write
+only while it is live at them.
+
+With :mod:`.writes` (the record's own lifecycle), the only place that moves ``generation``,
+``version`` or ``deleted_at``; errors are typed (:mod:`tombstones.exceptions`), built from ids and
+numbers only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, models, router
+from django.db.models import Exists, F, Q
+
+from ..exceptions import (
+    GenerationChanged,
+    ProtectedField,
+    RecordDeleted,
+    RecordMissing,
+    StaleVersion,
+    TombstoneError,
+)
+from . import rows
+from .options import PROTECTED_FIELDS, generated_fields
+
+
+class State(enum.StrEnum):
+    """What one read of a record says, relative to an expected (generation, version)."""
+
+    LIVE = "live"  # live, same generation, same version
+    STALE = "stale"  # live, same generation, newer version: not a deletion
+    TOMBSTONE = "tombstone"  # deleted at the expected generation
+    GENERATION_CHANGED = "generation_changed"  # re-created (or deleted at a later generation)
+    MISSING = "missing"  # neither record nor tombstone: purged or never existed
+
+
+@dataclass(frozen=True)
+class Observation:
+    state: State
+    generation: int | None = None
+    version: int | None = None
+    deleted: bool = False  # the row found is a tombstone (at whatever generation)
+
+
+def observe(
+    model: type[models.Model],
+    pk: Any,
+    generation: int | None,
+    version: int | None,
+    *,
+    using: str | None = None,
+) -> Observation:
+    """One read of the record through all rows, classified against the expectation."""
+    row = (
+        rows.plain(model, using or router.db_for_read(model))
+        .filter(pk=pk)
+        .values_list("generation", "version", "deleted_at")
+        .first()
+    )
+    if row is None:
+        return Observation(State.MISSING)
+    found_generation, found_version, deleted_at = row
+    if generation is not None and found_generation != generation:
+        state = State.GENERATION_CHANGED
+    elif deleted_at is not None:
+        state = State.TOMBSTONE
+    elif version is not None and found_version != version:
+        state = State.STALE
+    else:
+        state = State.LIVE
+    return Observation(state, found_generation, found_version, deleted_at is not None)
+
+
+def as_stored(
+    model: type[models.Model], fields: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The values an UPDATE of ``fields`` stores, as Python sees them after reading the row back,
+    and the names whose stored value only the database knows (expressions; decimals, which it
+    rounds; JSON; generated columns), to be read back."""
+    values: dict[str, Any] = {}
+    # Generated columns follow the fields they are computed from: read back with them.
+    computed: list[str] = list(generated_fields(model))
+    for name, value in fields.items():
+        field = rows.field(model, name)
+        if hasattr(value, "resolve_expression") or isinstance(
+            field, models.DecimalField | models.JSONField
+        ):
+            computed.append(name)
+        elif field.is_relation or value is None:
+            values[name] = value
+        else:
+            values[name] = field.to_python(value)
+    return values, computed
+
+
+def read_fields(
+    model: type[models.Model], pk: Any, names: list[str], *, using: str | None = None
+) -> dict[str, Any]:
+    """The current values of some of a record's fields (after a write computed them)."""
+    attnames = {rows.field(model, n).attname: n for n in names}
+    row = rows.plain(model, using).filter(pk=pk).values(*attnames).get()
+    return {attnames[a]: v for a, v in row.items()}
+
+
+def conflict_error(
+    model: type[models.Model], pk: Any, generation: int, version: int, seen: Observation
+) -> TombstoneError:
+    """The typed error for a fenced write that matched 0 rows."""
+    kinds: dict[State, type[TombstoneError]] = {
+        State.TOMBSTONE: RecordDeleted,
+        State.GENERATION_CHANGED: GenerationChanged,
+        State.MISSING: RecordMissing,
+    }
+    return kinds.get(seen.state, StaleVersion)(
+        model=model._meta.label,
+        pk=pk,
+        expected_generation=generation,
+        found_generation=seen.generation,
+        expected_version=version,
+        found_version=seen.version,
+    )
+
+
+def live_at(
+    model: type[models.Model], pk: Any, generation: int, version: int, *, live: bool = True
+) -> Q:
+    """The fence: the row is pk, at this generation and version, and live.
+
+    ``live=False`` (handlers that propagate deletions) drops the last condition only.
+    """
+    fence = Q(pk=pk, generation=generation, version=version)
+    return fence & Q(deleted_at__isnull=True) if live else fence
+
+
+def update_record(
+    model: type[models.Model],
+    pk: Any,
+    generation: int,
+    version: int,
+    fields: dict[str, Any],
+    *,
+    using: str | None = None,
+) -> int:
+    """``filter(pk, generation, version, live).update(..., version + 1)``: 1 or 0 rows."""
+    if PROTECTED_FIELDS & set(fields):
+        raise ProtectedField(model=model._meta.label, pk=pk)
+    fence = live_at(model, pk, generation, version)
+    qs = rows.plain(model, rows.write_db(model, using)).filter(fence)
+    return qs.update(version=F("version") + 1, **fields)
+
+
+def hold(
+    model: type[models.Model],
+    pk: Any,
+    generation: int,
+    version: int,
+    *,
+    live: bool = True,
+    using: str | None = None,
+) -> bool | None:
+    """PostgreSQL: share-lock the source row if it is at the fence, until the commit.
+
+    Right before a write of another table (``ctx.write``): from then on a delete or re-create
+    of the record waits for the job's commit, so no write commits after the record died; a
+    delete committed before makes this False. None where no lock is needed (SQLite: the
+    transaction holds the database's write lock already).
+    """
+    db = rows.write_db(model, using)
+    connection = connections[db]
+    if connection.vendor != "postgresql":
+        return None
+    fence = rows.plain(model, db).filter(live_at(model, pk, generation, version, live=live))
+    sql, params = fence.values_list("pk").query.get_compiler(using=db).as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} FOR SHARE", params)
+        return cursor.fetchone() is not None
+
+
+def write_related(
+    queryset: models.QuerySet[Any],
+    model: type[models.Model],
+    pk: Any,
+    generation: int,
+    version: int,
+    fields: dict[str, Any],
+    *,
+    live: bool = True,
+) -> int:
+    """UPDATE rows of another table only while the source record is live at (generation, version).
+
+    The Exists() is part of the same statement, so a deletion committed before the write makes it
+    match 0 rows. A target that is itself a tombstoned model gets version + 1; its dead rows stay.
+    """
+    fence = live_at(model, pk, generation, version, live=live)
+    source = rows.plain(model, queryset.db).filter(fence)
+    guarded = models.QuerySet.filter(queryset, Exists(source))
+    target = queryset.model
+    extra: dict[str, Any] = {}
+    if {f.name for f in target._meta.concrete_fields} >= PROTECTED_FIELDS:
+        if PROTECTED_FIELDS & set(fields):
+            raise ProtectedField(model=target._meta.label)
+        guarded = guarded.filter(deleted_at__isnull=True)
+        extra["version"] = F("version") + 1
+    return models.QuerySet.update(guarded, **fields, **extra)
