@@ -325,14 +325,19 @@ def test_browser__auditor_reads_the_rejection_log_and_never_sees_personal_data(
     page: Any, live_server: Any
 ) -> None:
     auditor = _auditor()
-    # One deleted customer with a rejected job, one live customer with personal data and jobs
-    # whose params carry it (params are never shown).
+    # A customer deleted under its queued job (rejected), one live customer with personal data
+    # and jobs whose params carry it (params are never shown).
     gone = CustomerFactory(name=PLANTED_NAME + " Gone", email="gone-" + PLANTED_EMAIL)
     rejected = enqueue("customers.update_sheet_row", gone, params={"note": "param-secret-4412"})
     gone.delete()
     run_worker(rejected.pk)
     rejected.refresh_from_db()
     assert rejected.status == Job.Status.REJECTED
+    # The deleted customer comes back with its personal data: a rejection page that showed the
+    # record's fields would leak them.
+    Customer.all_objects.recreate(
+        reference=gone.reference, name=PLANTED_NAME + " Gone", email="gone-" + PLANTED_EMAIL
+    )
     live = CustomerFactory(name=PLANTED_NAME, email=PLANTED_EMAIL)
     queued = enqueue("customers.update_sheet_row", live, params={"note": "param-secret-4412"})
     event = JobEvent.objects.get(job=rejected, event="rejected")
@@ -356,6 +361,7 @@ def test_browser__auditor_reads_the_rejection_log_and_never_sees_personal_data(
         reverse("admin:tombstones_job_change", args=(rejected.pk,)),
         reverse("admin:tombstones_job_change", args=(queued.pk,)),
         reverse("admin:tombstones_rejection_changelist"),
+        reverse("admin:tombstones_rejection_change", args=(event.pk,)),
         reverse("admin:tombstones_rejection_export"),
         reverse("admin:tombstones_job_dashboard"),
         reverse(

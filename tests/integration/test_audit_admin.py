@@ -642,10 +642,15 @@ def test_auditor__sees_every_audit_page_without_personal_data_and_no_actions(
     auditor_client: Client, planted: Customer, flaky_external: list[str]
 ) -> None:
     rejected = _rejected(planted)
+    # The rejected record comes back with its personal data: a rejection page that showed the
+    # record's fields would leak them.
+    Customer.all_objects.recreate(
+        reference=planted.reference, name=PLANTED_NAME, email=PLANTED_EMAIL, phone=PLANTED_PHONE
+    )
     uncertain = _uncertain(CustomerFactory(name=PLANTED_NAME + " 2", email="x" + PLANTED_EMAIL))
     ct = ContentType.objects.get_for_model(Customer)
-    event = JobEvent.objects.filter(job=rejected).first()
-    assert event is not None
+    rejection = Rejection.objects.get(job=rejected)
+    rejection_page = reverse("admin:tombstones_rejection_change", args=(rejection.pk,))
     pages = [
         reverse("admin:index"),
         reverse("admin:app_list", args=("tombstones",)),
@@ -656,26 +661,29 @@ def test_auditor__sees_every_audit_page_without_personal_data_and_no_actions(
         reverse("admin:tombstones_job_dashboard"),
         reverse("admin:tombstones_job_timeline", args=(ct.pk, planted.pk)),
         reverse("admin:tombstones_rejection_changelist"),
-        reverse("admin:tombstones_rejection_change", args=(event.pk,))
-        if event.event == "rejected"
-        else reverse("admin:tombstones_rejection_changelist"),
+        rejection_page,
         reverse("admin:tombstones_jobevent_changelist"),
-        reverse("admin:tombstones_jobevent_change", args=(event.pk,)),
+        reverse("admin:tombstones_jobevent_change", args=(rejection.pk,)),
     ]
     for url in pages:
         page = _html(auditor_client.get(url))
         _assert_no_pii(page, url)
         assert "data-action=" not in page, url
+    # The rejection's own page, with what the auditor needs: its reason, job and record.
+    detail = _html(auditor_client.get(rejection_page))
+    assert "source_deleted" in detail
+    assert reverse("admin:tombstones_job_change", args=(rejected.pk,)) in detail
+    assert f"customers.customer:{planted.pk}" in detail
     csv_text = auditor_client.get(reverse("admin:tombstones_rejection_export")).content.decode()
     assert str(rejected.pk) in csv_text
     # No business records at all, so no personal fields.
-    for name in ("changelist", "add"):
-        url = reverse(f"admin:customers_customer_{name}") if _customer_admin() else None
-        if url:
-            assert auditor_client.get(url).status_code == 403
-    if _customer_admin():
-        change = reverse("admin:customers_customer_change", args=(planted.pk,))
-        assert auditor_client.get(change).status_code in (403, 302)
+    assert _customer_admin()
+    for url in (
+        reverse("admin:customers_customer_changelist"),
+        reverse("admin:customers_customer_add"),
+        reverse("admin:customers_customer_change", args=(planted.pk,)),
+    ):
+        assert auditor_client.get(url).status_code == 403, url
 
 
 def _customer_admin() -> bool:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 import tombstones
 from project.customers.models import Customer, SheetRow
-from tests.factories import CustomerFactory, SheetRowFactory
+from tests.factories import SheetRowFactory
 from tests.jobkit import events, make_due, run, temp_handler
 from tombstones import worker
 from tombstones.jobs.engine.sweep import sweep
@@ -139,20 +139,24 @@ def test_transient_error__a_deletion_during_backoff_rejects_the_retry(customer: 
 
 
 def test_handler_error__fails_and_rolls_back_its_writes(customer: Customer) -> None:
+    phone_before = customer.phone
+    assert phone_before != "+3"
+    written: list[tuple[int, str]] = []
+
     def broken(ctx: Any) -> None:
         ctx.update(phone="+3")
+        # The write is in the database inside the job's transaction: only a rollback undoes it.
+        stored = Customer.objects.get(pk=ctx.record.pk)
+        written.append((stored.version, stored.phone))
         raise ValueError("boom")
 
     with temp_handler("t.broken", broken):
         job = run(tombstones.enqueue("t.broken", customer))
     assert (job.status, job.reason) == (Status.FAILED, Reason.HANDLER_ERROR)
     assert job.error_class == "builtins.ValueError"
+    assert written == [(2, "+3")]
     customer.refresh_from_db()
-    assert (customer.version, customer.phone) == (
-        1,
-        CustomerFactory._meta.model.objects.get(pk=customer.pk).phone,
-    )
-    assert customer.phone != "+3"
+    assert (customer.version, customer.phone) == (1, phone_before)
 
 
 # --- unreadable tombstone: paused, never assumed live ----------------------------------------

@@ -51,12 +51,31 @@ def test_alarms__a_later_moment_waits_for_the_earlier_tick_to_arm_it() -> None:
     assert pending.pending() == 1
 
 
+class WatchedCondition(threading.Condition):
+    """A condition that says when a thread starts waiting on it, and for how long at most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_alarms__an_earlier_alarm_added_later_rings_first() -> None:
     rung = Rung(expected=1)
     pending = alarms.Alarms(rung)
+    watched = pending._changed = WatchedCondition()
     start = time.monotonic()
     pending.add(timedelta(seconds=2))
-    time.sleep(0.05)  # the ringing thread is now asleep until the first alarm
+    # The ringing thread is asleep until the first alarm (not guessed: it said so).
+    assert watched.waiting.wait(5)
+    with watched:
+        assert watched.timeouts[-1] is not None
+        assert watched.timeouts[-1] > 1.5
     assert pending.add(timedelta(seconds=0))
     assert rung.all_rung.wait(5)
     # Woken by the new alarm, not at the end of its sleep for the first one.

@@ -12,6 +12,7 @@ from project.customers.models import Customer
 from project.stress.models import StressEntity
 from tombstones import exceptions
 from tombstones.conf import tombstone_settings
+from tombstones.models import TombstoneModel
 from tombstones.records.options import PROTECTED_FIELDS, erased_value, get_options, is_erasable
 
 # --- TombstoneMeta ---------------------------------------------------------------------------
@@ -55,7 +56,14 @@ def test_get_options__empty_personal_fields_stay_empty() -> None:
 
 
 def test_protected_fields__are_the_mixin_fields() -> None:
-    assert frozenset({"generation", "version", "deleted_at"}) == PROTECTED_FIELDS
+    # Read from the mixin, not restated: a field added to either side, or dropped, fails.
+    mixin = {f.name for f in TombstoneModel._meta.local_fields}
+    assert mixin
+    assert mixin == PROTECTED_FIELDS
+    # Every fenced model carries them, and a queryset's only() never leaves them out.
+    assert {f.name for f in Customer._meta.concrete_fields} >= mixin
+    loaded, deferred = Customer.objects.only("name").query.deferred_loading
+    assert (set(loaded), deferred) == (mixin | {"name"}, False)
 
 
 # --- erasure ---------------------------------------------------------------------------------
