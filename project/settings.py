@@ -36,6 +36,9 @@ INSTALLED_APPS = [
     "project.customers",
     "project.stress",
 ]
+if django.VERSION < (6, 0):
+    # Django's tasks framework on 5.2: the django-tasks backport (the [tasks] extra).
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -147,3 +150,7 @@ LOGGING = {
     },
 }
 TOMBSTONES_RACE_FIXTURE = {"model": "customers.Customer", "handler": "customers.update_sheet_row"}
+
+# Django's tasks framework (django.tasks; the backport on 5.2): @task functions whose arguments hold
+# a record run as fenced jobs on the django-q2 cluster (project/customers/tasks.py).
+TASKS = {"default": {"BACKEND": "tombstones.tasks.TombstoneBackend"}}

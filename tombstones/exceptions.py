@@ -113,3 +113,25 @@ class TransientError(TombstoneError):
 
 class LeaseLost(TombstoneError):
     """The job's lease was taken over: this worker must write nothing more for it."""
+
+
+class UnfencedTask(MissingFence, TypeError):
+    """A task of TombstoneBackend needs the record it is for among its arguments."""
+
+
+# How a job that did not succeed reads as a TaskResult's error (tombstones.tasks): the classes
+# of the outcomes no other exception here names.
+class JobFailed(TombstoneError):
+    """The job failed: its handler raised or ran out of attempts, and nothing it wrote was kept."""
+
+
+class JobExpired(TombstoneError):
+    """The job waited longer than TOMBSTONES_JOB_MAX_AGE and was not run."""
+
+
+class JobCancelled(TombstoneError):
+    """Staff cancelled the job before it ran."""
+
+
+class OutcomeUncertain(TombstoneError):
+    """An external call may or may not have landed: it is never repeated by itself."""

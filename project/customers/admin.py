@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -12,6 +12,7 @@ from tombstones.admin import TombstoneAdmin
 
 from .handlers import queue_erasure
 from .models import CrmContact, Customer, SheetRow
+from .tasks import refresh_sheet_rows
 
 
 @admin.register(Customer)
@@ -19,6 +20,14 @@ class CustomerAdmin(TombstoneAdmin):
     # Personal columns on the live list only: TombstoneAdmin lists tombstones by identity.
     list_display = ("reference", "name", "email", "generation", "version")
     search_fields = ("reference",)
+    actions = ("refresh_sheet_rows",)
+
+    @admin.action(description="Refresh their sheet rows (a Django task per customer)")
+    def refresh_sheet_rows(self, request: HttpRequest, queryset: QuerySet[Customer]) -> None:
+        ids = [refresh_sheet_rows.enqueue(customer).id for customer in queryset]
+        self.message_user(
+            request, f"Queued {len(ids)} task(s): job {', '.join(ids)}.", messages.SUCCESS
+        )
 
     # A delete also queues the erasure of what handlers derived from the customer, in the same
     # transaction: a delete that rolls back queues nothing.

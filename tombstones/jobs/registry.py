@@ -34,6 +34,9 @@ _discovered = False
 
 # The width of Job.handler: a longer name could not be stored.
 MAX_NAME_LENGTH = 200
+# Jobs of Django's own tasks (tombstones.tasks) are named after the task's dotted path: a worker
+# that does not know one yet imports that path, and the task it finds makes the handler.
+TASK_PREFIX = "task:"
 
 
 def check_name(name: object) -> None:
@@ -96,6 +99,19 @@ def handler(
     return register
 
 
+def add(made: Handler) -> Handler:
+    """Register a handler made elsewhere (a task's): the same one again is a no-op, another one
+    under the same name raises ImproperlyConfigured, as ``handler()`` does."""
+    check_name(made.name)
+    existing = _registry.setdefault(made.name, made)
+    if existing != made:
+        raise ImproperlyConfigured(
+            f"Two different functions or option sets are registered as the job handler "
+            f"{made.name!r}."
+        )
+    return existing
+
+
 def _discover() -> None:
     global _discovered
     if not _discovered:
@@ -111,9 +127,36 @@ def get_handler(name: str) -> Handler:
     if found is None:
         _discover()
         found = _registry.get(name)
+    if found is None and name.startswith(TASK_PREFIX):
+        found = _import_task(name)
     if found is None:
         raise UnknownHandler(name)
     return found
+
+
+def _import_task(name: str) -> Handler | None:
+    """The handler of the ``django.tasks`` task at the dotted path in ``name``, if there is one.
+
+    Only an object that makes a handler for that very name counts (a task of
+    ``tombstones.tasks.TombstoneBackend``); a path that does not import is a task this code does
+    not have yet (a deploy in progress), like any unknown handler.
+    """
+    from django.utils.module_loading import import_string
+
+    try:
+        # Defining the task registers its handler (TombstoneBackend.validate_task).
+        found = import_string(name.removeprefix(TASK_PREFIX))
+    except ImportError:
+        return None
+    if name in _registry:
+        return _registry[name]
+    make = getattr(found, "tombstone_handler", None)  # a module imported before: ask the task
+    if not callable(make):
+        return None
+    made = make()
+    if not isinstance(made, Handler) or made.name != name:
+        return None
+    return add(made)
 
 
 def registered() -> dict[str, Handler]:

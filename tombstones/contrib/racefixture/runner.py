@@ -23,6 +23,9 @@ class _Rollback(Exception):
 class RaceFixture:
     """Runs cases against ``model`` and ``handler``; each case in a transaction rolled back.
 
+    ``handler`` is a handler's name, or a task of ``tombstones.tasks.TombstoneBackend`` (its jobs
+    are then enqueued through ``task.enqueue(record)``, as an application would).
+
     ``make_record()`` returns a new saved live record (default: sample values). The rollback keeps
     the user's database unchanged and hides the jobs from any running worker. ``rollback=False``
     commits instead, and runs the record's events on a second connection (see
@@ -32,7 +35,7 @@ class RaceFixture:
     def __init__(
         self,
         model: type[models.Model],
-        handler: str,
+        handler: Any,
         *,
         make_record: Callable[[], Any] | None = None,
         using: str | None = None,
@@ -75,9 +78,16 @@ class RaceFixture:
             result.error = type(exc).__name__
         return result
 
-    def _play(self, case: Case, result: CaseResult) -> None:
+    def _enqueue(self, record: Any) -> Any:
         from ... import enqueue
+        from ...jobs.models import Job
 
+        if isinstance(self.handler, str):
+            return enqueue(self.handler, record, using=self.using)
+        # A django.tasks task: the job its TaskResult names.
+        return Job.objects.using(self.using).get(pk=self.handler.enqueue(record).id)
+
+    def _play(self, case: Case, result: CaseResult) -> None:
         model: Any = self.model
         record = self.make_record()
         key = get_options(model).business_key
@@ -100,7 +110,7 @@ class RaceFixture:
         for event in case.events:
             verb, _, name = event.partition(" ")
             if verb == "enqueue":
-                jobs[name] = enqueue(self.handler, model.all_objects.using(db).get(pk=pk), using=db)
+                jobs[name] = self._enqueue(model.all_objects.using(db).get(pk=pk))
             elif verb in changes:
                 if self.rollback:
                     changes[verb]()
@@ -171,7 +181,7 @@ def _label(job: Any, attempt: phases.Attempt | None) -> str:
 
 def run_race_fixture(
     model: type[models.Model],
-    handler: str,
+    handler: Any,
     *,
     cases: Sequence[Case] | None = None,
     make_record: Callable[[], Any] | None = None,

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...conf import tombstone_settings
 from ...contrib.racefixture import SEED_CASES, WORKED_EXAMPLE, FixtureError, RaceFixture, load_cases
 from ...exceptions import UnknownHandler
-from ...jobs.registry import get_handler
+from ...jobs.registry import TASK_PREFIX, get_handler
 from ..databases import add_database_argument, database_alias
 
 
@@ -27,7 +27,9 @@ class Command(BaseCommand):
             "--model", default=defaults.get("model"), help="app_label.Model on the mixin."
         )
         parser.add_argument(
-            "--handler", default=defaults.get("handler"), help="Registered handler name."
+            "--handler",
+            default=defaults.get("handler"),
+            help="Registered handler name, or task:<dotted path> of a django.tasks task.",
         )
         parser.add_argument("--cases", help="A JSON file of extra cases.")
         add_database_argument(parser)
@@ -40,13 +42,19 @@ class Command(BaseCommand):
             model = apps.get_model(options["model"])
         except (LookupError, ValueError):
             raise CommandError(f"Unknown model {options['model']!r}.") from None
+        handler: Any = options["handler"]
         try:
-            get_handler(options["handler"])
+            get_handler(handler)
         except UnknownHandler as exc:
             raise CommandError(str(exc)) from None
+        if handler.startswith(TASK_PREFIX):
+            # Its jobs are enqueued through the task itself, arguments and all.
+            from ...tasks.backend import task_of
+
+            handler = task_of(handler)
         try:
             extra = load_cases(options["cases"]) if options["cases"] else []
-            fixture = RaceFixture(model, options["handler"], using=using)
+            fixture = RaceFixture(model, handler, using=using)
         except FixtureError as exc:
             raise CommandError(str(exc)) from None
         four = fixture.run(SEED_CASES)

@@ -1,0 +1,79 @@
+"""Tasks of Django's tasks framework that the tests enqueue through TombstoneBackend.
+
+A module of its own so that worker processes import them by path, as they would a project's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from project.customers.models import Customer, SheetRow
+from project.stress.models import StressEntity
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+# What a task saw, for the tests to read (in-process runs only).
+seen: list[dict[str, Any]] = []
+
+
+@task(takes_context=True)
+def sync_sheet(context: Any, customer: Customer, note: str = "") -> None:
+    """The seed's job: mirror the customer into its sheet rows, then stamp the customer."""
+    seen.append(
+        {
+            "record": context.record,
+            "customer": customer,
+            "note": note,
+            "rereads": context.rereads,
+            "attempt": context.attempt,
+            "status": context.task_result.status,
+            "id": context.task_result.id,
+        }
+    )
+    context.write(SheetRow.objects.filter(customer_id=customer.pk), synced_version=customer.version)
+    context.update(synced_at=timezone.now())
+
+
+@task
+def touch(customer: Customer) -> None:
+    """No context: the record argument alone."""
+    seen.append({"customer": customer})
+
+
+@task(fence="customer", takes_context=True)
+def link_row(context: Any, row: SheetRow, customer: Customer) -> None:
+    """Two record arguments: fenced on the customer, the row read fresh."""
+    seen.append({"row": row, "customer": customer, "record": context.record})
+    context.update(synced_at=timezone.now())
+
+
+@task
+def broken(customer: Customer) -> None:
+    raise ValueError("a bug in the task")
+
+
+@task
+def no_record(number: int) -> None:
+    """No record argument: refused at enqueue."""
+
+
+@task(takes_context=True, external=True)
+def call_out(context: Any, customer: Customer) -> None:
+    """External: the key goes to the other system; the bracket is the engine's."""
+    seen.append({"key": context.idempotency_key, "sending": context.job.sending_at})
+
+
+@task(takes_context=True)
+def apply(context: Any, entity: StressEntity, payload: str = "") -> None:
+    """The stress model's write (lane order in cluster tests): one AppliedWrite per job."""
+    from project.stress.models import AppliedWrite
+
+    if context.update(payload=payload or f"applied-by-job-{context.job.pk}"):
+        AppliedWrite.objects.create(
+            job_id=context.job.pk, key=entity.key, version=entity.version, worker="task"
+        )

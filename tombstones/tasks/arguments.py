@@ -1,0 +1,196 @@
+"""A task call's arguments as a job stores them: the record becomes the job's fence, every other
+value must be plain JSON, and no value of a record's personal fields is kept.
+
+The job's params are ``{"args": [...], "kwargs": {...}, "fence": slot, "records": {slot: ref}}``,
+where a slot is ``"args.0"`` or ``"kwargs.customer"``; the record and other record arguments
+leave ``None`` in their slot (a record is never stored, only its model and pk).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.db import models
+
+from ..exceptions import InvalidParams, UnfencedTask
+from ..jobs.validation import check_params
+from ..records.mixin import TombstoneModel
+
+if TYPE_CHECKING:
+    from ..jobs.models import Job
+    from .task import TombstoneTask
+
+Slot = str
+
+
+@dataclass(frozen=True)
+class Encoded:
+    record: TombstoneModel  # the fence: the job's snapshot is taken from it
+    params: dict[str, Any]
+
+
+def encode(task: TombstoneTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Encoded:
+    """What the job stores for ``task(*args, **kwargs)``; raises UnfencedTask or InvalidParams."""
+    values: dict[Slot, Any] = {f"args.{i}": value for i, value in enumerate(args)}
+    values.update({f"kwargs.{name}": value for name, value in kwargs.items()})
+    records: dict[Slot, TombstoneModel] = {}
+    for slot, value in values.items():
+        if isinstance(value, TombstoneModel):
+            records[slot] = value
+        elif isinstance(value, models.Model):
+            raise InvalidParams(
+                f"Argument {_name(slot)} of task {task.module_path} is a "
+                f"{value._meta.label} instance, which is not a TombstoneModel: pass its pk."
+            )
+    fence = _fence_slot(task, args, kwargs, records)
+    stored: dict[str, Any] = {
+        "args": [
+            None if f"args.{i}" in records else _json(task, f"args.{i}", v)
+            for i, v in enumerate(args)
+        ],
+        "kwargs": {
+            name: None if f"kwargs.{name}" in records else _json(task, f"kwargs.{name}", v)
+            for name, v in kwargs.items()
+        },
+        "fence": fence,
+        "records": {
+            slot: {"model": record._meta.label_lower, "pk": str(record.pk)}
+            for slot, record in records.items()
+            if slot != fence
+        },
+    }
+    for record in records.values():
+        # Refuses a personal value of any record argument, naming the field, never the value.
+        check_params(stored, record)
+    return Encoded(records[fence], stored)
+
+
+def _fence_slot(
+    task: TombstoneTask,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    records: dict[Slot, TombstoneModel],
+) -> Slot:
+    if task.fence is not None:
+        import inspect
+
+        signature = inspect.Signature(task.parameters())
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError as exc:  # names arguments, never values
+            raise UnfencedTask(f"Task {task.module_path}: {exc}.") from exc
+        chosen = bound.arguments.get(task.fence)
+        for slot, record in records.items():
+            if record is chosen:
+                return slot
+        raise UnfencedTask(
+            f"Task {task.module_path} is fenced on its argument {task.fence!r}, which this call "
+            f"gives {'no value' if chosen is None else 'no TombstoneModel instance'}."
+        )
+    if not records:
+        raise UnfencedTask(
+            f"Task {task.module_path} was called without a TombstoneModel instance among its "
+            "arguments: a job of TombstoneBackend is fenced on the record it is for "
+            "(pass the record itself, not its pk)."
+        )
+    if len(records) > 1:
+        raise UnfencedTask(
+            f"Task {task.module_path} was called with several records "
+            f"({', '.join(_name(s) for s in records)}): name the one it is fenced on with "
+            '@task(fence="...").'
+        )
+    return next(iter(records))
+
+
+def _json(task: TombstoneTask, slot: Slot, value: Any) -> Any:
+    """``value`` as JSON would give it back, or InvalidParams naming the argument."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+        back = json.loads(text)
+    except (TypeError, ValueError):
+        back = _NOT_JSON
+    if back is _NOT_JSON or not _same(back, value):
+        raise InvalidParams(
+            f"Argument {_name(slot)} of task {task.module_path} is not a JSON value "
+            f"({type(value).__name__}): task arguments are stored as JSON; pass ids and options."
+        )
+    return back
+
+
+_NOT_JSON = object()
+
+
+def _same(back: Any, value: Any) -> bool:
+    """JSON's copy equals the value (tuples read back as lists; no int keys, no NaN)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, dict):
+        return (
+            isinstance(back, dict)
+            and all(isinstance(k, str) for k in value)
+            and back.keys() == value.keys()
+            and all(_same(back[k], v) for k, v in value.items())
+        )
+    if isinstance(value, list):
+        return (
+            isinstance(back, list)
+            and len(back) == len(value)
+            and all(_same(b, v) for b, v in zip(back, value, strict=True))
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return type(back) is type(value) and back == value
+
+
+def _name(slot: Slot) -> str:
+    kind, _, key = slot.partition(".")
+    return f"{key!r}" if kind == "kwargs" else f"at position {key}"
+
+
+# --- reading them back ---------------------------------------------------------------------------
+
+
+def decode(params: dict[str, Any], record: TombstoneModel) -> tuple[list[Any], dict[str, Any]]:
+    """The call's arguments, the fence slot holding ``record`` (read by the worker's check) and
+    other record arguments read fresh (tombstones included: ``is_tombstone`` tells)."""
+    if "args" not in params or "fence" not in params:
+        raise InvalidParams("This job's task arguments were erased or never stored.")
+    args, kwargs = list(params["args"]), dict(params["kwargs"])
+    db = record._state.db
+    _put(args, kwargs, params["fence"], record)
+    for slot, ref in params.get("records", {}).items():
+        model = apps.get_model(ref["model"])
+        _put(args, kwargs, slot, model._base_manager.using(db).get(pk=ref["pk"]))
+    return args, kwargs
+
+
+def stored(job: Job) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments as the ledger keeps them: records as snapshots (model, pk, and for the
+    fence its generation and version), never a field value; empty once the params are erased."""
+    params = job.params or {}
+    if "args" not in params or "fence" not in params:
+        return [], {}
+    args, kwargs = list(params["args"]), dict(params["kwargs"])
+    label = f"{job.content_type.app_label}.{job.content_type.model}"
+    snapshot = {
+        "model": label,
+        "pk": job.object_id,
+        "generation": job.generation,
+        "version": job.version,
+    }
+    _put(args, kwargs, params["fence"], snapshot)
+    for slot, ref in params.get("records", {}).items():
+        _put(args, kwargs, slot, dict(ref))
+    return args, kwargs
+
+
+def _put(args: list[Any], kwargs: dict[str, Any], slot: Slot, value: Any) -> None:
+    kind, _, key = slot.partition(".")
+    if kind == "args":
+        args[int(key)] = value
+    else:
+        kwargs[key] = value

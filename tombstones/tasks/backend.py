@@ -1,0 +1,181 @@
+"""``TombstoneBackend``: Django's tasks framework in front of the fenced-job engine."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import router, transaction
+from django.utils.module_loading import import_string
+
+from ..jobs import registry
+from ..jobs.registry import TASK_PREFIX
+from ..signals import job_finished
+from . import arguments
+from .compat import (
+    DEFAULT_TASK_QUEUE_NAME,
+    BaseTaskBackend,
+    InvalidTask,
+    TaskResult,
+    TaskResultDoesNotExist,
+    task_enqueued,
+    task_finished,
+)
+from .results import result_for
+from .task import TombstoneTask
+
+# Keys of OPTIONS this backend reads: none yet (its settings are the TOMBSTONES_* ones).
+OPTIONS: frozenset[str] = frozenset()
+
+
+class TombstoneBackend(BaseTaskBackend):
+    """Runs ``@task`` functions as fenced jobs on the django-q2 cluster.
+
+    A task's record argument (a ``TombstoneModel`` instance; ``@task(fence="name")`` picks one of
+    several) becomes the job's snapshot, and the job joins the record's lane. ``run_after`` is
+    honoured; priorities and async functions are not (the engine runs lanes in order of due
+    time), and every task runs on the one cluster, so ``QUEUES`` can only hold ``"default"``.
+    """
+
+    task_class = TombstoneTask
+
+    supports_defer = True
+    supports_async_task = False
+    supports_get_result = True
+    supports_priority = False
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        path = getattr(task, "module_path", "?")
+        if not isinstance(task, TombstoneTask):
+            raise InvalidTask(
+                f"Task {path} is a {type(task).__name__}: TombstoneBackend runs TombstoneTask "
+                "(Django's @task makes one for this backend; so does fenced_task)."
+            )
+        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
+            raise InvalidTask(
+                f"Task {path}: TombstoneBackend runs every task on the django-q2 cluster, in its "
+                f"record's lane; there is no queue {task.queue_name!r}."
+            )
+        if task.func.__module__ == "__main__":
+            raise InvalidTask(
+                f"Task {path} is defined in __main__: a worker could not import it. Define it in "
+                "a module of your project."
+            )
+        try:
+            registry.check_name(task.handler_name)
+        except ImproperlyConfigured as exc:
+            raise InvalidTask(f"Task {path}: {exc}") from exc
+        params = task.parameters()
+        if not params:
+            raise InvalidTask(
+                f"Task {path} takes no argument: a task of TombstoneBackend is a job fenced on "
+                "the record it is for, passed as an argument."
+            )
+        if task.fence is not None:
+            found = next((p for p in params if p.name == task.fence), None)
+            if found is None or found.kind in (
+                inspect.Parameter.VAR_POSITIONAL,
+                inspect.Parameter.VAR_KEYWORD,
+            ):
+                raise InvalidTask(
+                    f"Task {path} is fenced on {task.fence!r}, which is not one of its named "
+                    "parameters."
+                )
+        # Defining a task registers its handler, in the web process and in the worker alike.
+        registry.add(task.tombstone_handler())
+
+    def enqueue(
+        self, task: TombstoneTask, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> TaskResult:
+        """One fenced job in the caller's transaction (a rolled-back request leaves none); the
+        refusals of ``tombstones.enqueue``, and UnfencedTask for a call without its record."""
+        from ..jobs.enqueue import enqueue
+        from ..jobs.models import Job
+
+        self.validate_task(task)
+        encoded = arguments.encode(task, args, kwargs)
+        db = router.db_for_write(Job)
+        job = enqueue(
+            task.handler_name,
+            encoded.record,
+            params=encoded.params,
+            run_after=task.run_after,
+            using=db,
+        )
+        result = result_for(job, task, self.alias, claims=[])
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=db)
+        return result
+
+    def get_result(self, result_id: Any) -> TaskResult:
+        """The job's TaskResult, read from the ledger; TaskResultDoesNotExist for an id that
+        is no job of a task."""
+        from ..jobs.models import Job
+
+        try:
+            job = Job.objects.select_related("content_type").get(pk=int(result_id))
+        except (Job.DoesNotExist, TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        task = task_of(job.handler)
+        if task is None:
+            raise TaskResultDoesNotExist(result_id)
+        return result_for(job, task, self.alias)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        found: list[checks.CheckMessage] = []
+        where = f"TASKS[{self.alias!r}]"
+        for app in ("django_q", "tombstones"):
+            if not apps.is_installed(app):
+                found.append(
+                    checks.Error(
+                        f"{where} is a TombstoneBackend, but {app!r} is not in INSTALLED_APPS.",
+                        hint="Its tasks are jobs of tombstones, run by a django-q2 cluster.",
+                        id="tombstones.E030",
+                    )
+                )
+        if self.queues - {DEFAULT_TASK_QUEUE_NAME}:
+            found.append(
+                checks.Error(
+                    f"{where}['QUEUES'] holds {sorted(self.queues)}; TombstoneBackend runs every "
+                    "task on the django-q2 cluster, in its record's lane.",
+                    hint='Leave QUEUES out, or set it to ["default"].',
+                    id="tombstones.E031",
+                )
+            )
+        unknown = set(self.options) - OPTIONS
+        if unknown:
+            found.append(
+                checks.Error(
+                    f"{where}['OPTIONS'] holds keys TombstoneBackend does not read: "
+                    f"{', '.join(sorted(map(str, unknown)))}.",
+                    hint="Its settings are the TOMBSTONES_* settings.",
+                    id="tombstones.E032",
+                )
+            )
+        return found
+
+
+def task_of(handler: str) -> TombstoneTask | None:
+    """The task a job's handler name points to, if this process can import it."""
+    if not handler.startswith(TASK_PREFIX):
+        return None
+    try:
+        found = import_string(handler.removeprefix(TASK_PREFIX))
+    except ImportError:
+        return None
+    return found if isinstance(found, TombstoneTask) else None
+
+
+def _send_task_finished(sender: Any, job: Any, **kwargs: Any) -> None:
+    """Django's ``task_finished`` for a task's job, once its outcome has committed."""
+    task = task_of(job.handler)
+    if task is None:
+        return
+    backend = task.get_backend()
+    task_finished.send(type(backend), task_result=result_for(job, task, backend.alias))
+
+
+job_finished.connect(_send_task_finished, dispatch_uid="tombstones.tasks.task_finished")

@@ -1,0 +1,113 @@
+"""A job as Django's ``TaskResult``: a view of the ledger, never a second record of it.
+
+Queued, retry-waiting and paused jobs are READY, running ones RUNNING, succeeded ones SUCCESSFUL;
+every other end is FAILED, with a ``TaskError`` naming the library's exception class for the
+outcome and its reason code. A rejection is never SUCCESSFUL. Return values are not kept.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..jobs.states import Event, Reason, Status
+from .arguments import stored
+from .compat import TaskError, TaskResult, TaskResultStatus
+
+if TYPE_CHECKING:
+    from ..jobs.models import Job
+    from .task import TombstoneTask
+
+STATUSES: dict[str, TaskResultStatus] = {
+    Status.QUEUED: TaskResultStatus.READY,
+    Status.RETRY_WAIT: TaskResultStatus.READY,
+    Status.PAUSED: TaskResultStatus.READY,
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+}
+
+_EXC = "tombstones.exceptions."
+# The library's exception class for each reason of a job that did not succeed ...
+ERROR_CLASSES: dict[str, str] = {
+    Reason.SOURCE_DELETED: _EXC + "RecordDeleted",
+    Reason.DELETED_DURING_SEND: _EXC + "RecordDeleted",
+    Reason.GENERATION_CHANGED: _EXC + "GenerationChanged",
+    Reason.STALE_VERSION: _EXC + "StaleVersion",
+    Reason.MISSING_FENCE: _EXC + "MissingFence",
+    Reason.RECORD_MISSING: _EXC + "RecordMissing",
+    Reason.HANDLER_UNKNOWN: _EXC + "UnknownHandler",
+    Reason.QUEUE_EXPIRED: _EXC + "JobExpired",
+    Reason.OUTCOME_UNKNOWN: _EXC + "OutcomeUncertain",
+    Reason.CANCELLED_BY_STAFF: _EXC + "JobCancelled",
+}
+# ... and for each status, when its reason names none.
+STATUS_ERROR_CLASSES: dict[str, str] = {
+    Status.UNCERTAIN: _EXC + "OutcomeUncertain",
+    Status.SUPERSEDED: _EXC + "OutcomeUncertain",
+    Status.EXPIRED: _EXC + "JobExpired",
+    Status.CANCELLED: _EXC + "JobCancelled",
+}
+
+
+def status_of(job: Job) -> TaskResultStatus:
+    return STATUSES.get(job.status, TaskResultStatus.FAILED)
+
+
+def errors_of(job: Job) -> list[TaskError]:
+    """One TaskError for a job that ended without succeeding: the outcome's exception class and
+    a text with the status, the reason code and the ids (there is no traceback to keep: the
+    worker logs a handler's traceback, and the ledger never stores one)."""
+    if status_of(job) != TaskResultStatus.FAILED:
+        return []
+    cls = ERROR_CLASSES.get(job.reason) or STATUS_ERROR_CLASSES.get(job.status)
+    text = (
+        f"job {job.pk} {job.status}: {job.reason or '-'} "
+        f"(expected g{job.generation}/v{job.version}, "
+        f"found g{job.found_generation}/v{job.found_version})"
+    )
+    if job.error_class:
+        text += f"; the handler raised {job.error_class}"
+    return [TaskError(exception_class_path=cls or _EXC + "JobFailed", traceback=text)]
+
+
+def result_for(
+    job: Job,
+    task: TombstoneTask,
+    backend: str,
+    *,
+    claims: list[tuple[str, datetime]] | None = None,
+    status: TaskResultStatus | None = None,
+) -> TaskResult:
+    """The job's TaskResult. ``claims``: (worker, time) of each claim, oldest first (read from
+    the ledger's ``claimed`` events when not given)."""
+    if claims is None:
+        claims = claims_of(job)
+    workers = [worker for worker, _ in claims]
+    args, kwargs = stored(job)
+    return TaskResult(
+        task=task,
+        id=str(job.pk),
+        status=status or status_of(job),
+        enqueued_at=_when(job.created_at),
+        started_at=_when(claims[0][1]) if claims else None,
+        finished_at=_when(job.finished_at),
+        last_attempted_at=_when(claims[-1][1]) if claims else None,
+        args=args,
+        kwargs=kwargs,
+        backend=backend,
+        errors=errors_of(job),
+        worker_ids=workers,
+    )
+
+
+def claims_of(job: Job) -> list[tuple[str, datetime]]:
+    """(worker, time) of each recorded claim of the job, oldest first."""
+    return list(
+        job.events.filter(event=Event.CLAIMED)
+        .order_by("created_at", "id")
+        .values_list("worker", "created_at")
+    )
+
+
+def _when(value: Any) -> datetime | None:
+    return value if isinstance(value, datetime) else None

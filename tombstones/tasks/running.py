@@ -1,0 +1,49 @@
+"""The job handler that runs a task: its arguments back, the record in its slot, Django's
+``task_started`` sent, the task's function called. Everything else (claim, check, the fenced
+writes, re-reads after a newer version, one outcome) is the engine's, as for any handler."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from ..jobs.registry import Handler
+from .arguments import decode
+from .compat import TaskResultStatus, task_started
+from .context import TombstoneTaskContext
+from .results import claims_of, result_for
+
+if TYPE_CHECKING:
+    from ..jobs.context import HandlerContext
+    from .task import TombstoneTask
+
+# One handler per task path, made once: a task copied by .using() makes the same one again.
+_made: dict[str, tuple[Any, bool, bool, Handler]] = {}
+
+
+def handler_for(task: TombstoneTask) -> Handler:
+    name = task.handler_name
+    known = _made.get(name)
+    if known is not None and known[:3] == (task.func, task.takes_context, task.external):
+        return known[3]
+
+    def run_task(ctx: HandlerContext) -> None:
+        args, kwargs = decode(ctx.params, ctx.record)
+        backend = task.get_backend()
+        job = ctx.job
+        # This claim's own event is written with the outcome: it is not in the ledger yet.
+        claims = [*claims_of(job), (job.owner, job.started_at or timezone.now())]
+        result = result_for(
+            job, task, backend.alias, claims=claims, status=TaskResultStatus.RUNNING
+        )
+        task_started.send(sender=type(backend), task_result=result)
+        if task.takes_context:
+            context = TombstoneTaskContext(task_result=result, handler_context=ctx)
+            task.call(context, *args, **kwargs)
+        else:
+            task.call(*args, **kwargs)
+
+    made = Handler(name=name, func=run_task, external=task.external)
+    _made[name] = (task.func, task.takes_context, task.external, made)
+    return made
