@@ -28,6 +28,7 @@ def sync_sheet(context: Any, customer: Customer, note: str = "") -> None:
         {
             "record": context.record,
             "customer": customer,
+            "version": customer.version,
             "note": note,
             "rereads": context.rereads,
             "attempt": context.attempt,
@@ -46,7 +47,7 @@ def touch(customer: Customer) -> None:
 
 
 @task(fence="customer", takes_context=True)
-def link_row(context: Any, row: SheetRow, customer: Customer) -> None:
+def link_row(context: Any, row: SheetRow, customer: Customer, note: str = "") -> None:
     """Two record arguments: fenced on the customer, the row read fresh."""
     seen.append({"row": row, "customer": customer, "record": context.record})
     context.update(synced_at=timezone.now())
@@ -65,7 +66,10 @@ def no_record(number: int) -> None:
 @task(takes_context=True, external=True)
 def call_out(context: Any, customer: Customer) -> None:
     """External: the key goes to the other system; the bracket is the engine's."""
-    seen.append({"key": context.idempotency_key, "sending": context.job.sending_at})
+    from tombstones.models import Job
+
+    sending = Job.objects.values_list("sending_at", flat=True).get(pk=context.job.pk)
+    seen.append({"key": context.idempotency_key, "sending": sending})
 
 
 @task(takes_context=True)
@@ -77,3 +81,8 @@ def apply(context: Any, entity: StressEntity, payload: str = "") -> None:
         AppliedWrite.objects.create(
             job_id=context.job.pk, key=entity.key, version=entity.version, worker="task"
         )
+
+
+@task
+def pair(first: Customer, second: Customer) -> None:
+    """Two records and no fence named: refused at enqueue."""

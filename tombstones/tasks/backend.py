@@ -88,9 +88,7 @@ class TombstoneBackend(BaseTaskBackend):
         # Defining a task registers its handler, in the web process and in the worker alike.
         registry.add(task.tombstone_handler())
 
-    def enqueue(
-        self, task: TombstoneTask, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> TaskResult:
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         """One fenced job in the caller's transaction (a rolled-back request leaves none); the
         refusals of ``tombstones.enqueue``, and UnfencedTask for a call without its record."""
         from ..jobs.enqueue import enqueue

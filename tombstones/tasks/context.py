@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TombstoneTaskContext(TaskContext):
+class TombstoneTaskContext(TaskContext):  # type: ignore[misc]  # frozen in Django, not its stubs
     """``context.task_result`` and ``context.attempt`` as Django documents them, and:
 
     - ``record``: the record as the worker checked it, live at the job's generation (the same

@@ -1,0 +1,379 @@
+"""Django's tasks framework through TombstoneBackend, in process: the production worker runs the
+jobs (tombstones.worker.run) against the real database. The real cluster: tests/acceptance."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from project.customers.models import Customer, SheetRow
+from tests import tasks
+from tests.factories import SheetRowFactory
+from tests.jobkit import run
+from tombstones.exceptions import InvalidParams, RecordDeleted, UnfencedTask
+from tombstones.jobs import registry
+from tombstones.models import Job
+from tombstones.tasks import TombstoneBackend, TombstoneTask, fenced_task
+from tombstones.tasks.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from tombstones.testing import RaceFixture
+
+pytestmark = pytest.mark.django_db
+
+READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
+SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
+PLANTED = "Zebediah Quarrington-Vole"
+
+
+@pytest.fixture(autouse=True)
+def _seen() -> Iterator[None]:
+    tasks.seen.clear()
+    yield
+    tasks.seen.clear()
+
+
+@pytest.fixture
+def customer() -> Customer:
+    row = SheetRowFactory(customer__name=PLANTED, customer__email="zebediah@vole.test")
+    return row.customer  # type: ignore[no-any-return]
+
+
+def job_of(result: Any) -> Job:
+    return Job.objects.get(pk=int(result.id))
+
+
+def finish(result: Any) -> Any:
+    """Run the job with the production worker; the ledger's TaskResult after it."""
+    run(job_of(result))
+    return tasks.sync_sheet.get_backend().get_result(result.id)
+
+
+# --- enqueue ------------------------------------------------------------------------------------
+
+
+def test_enqueue__the_record_becomes_the_jobs_snapshot_in_its_lane(customer: Customer) -> None:
+    result = tasks.sync_sheet.enqueue(customer, note="first")
+    job = job_of(result)
+    assert (job.handler, job.object_id) == ("task:tests.tasks.sync_sheet", str(customer.pk))
+    assert (job.generation, job.version, job.status) == (1, customer.version, "queued")
+    assert job.lane == f"customers.customer:{customer.pk}"
+    assert result.status == READY
+    assert result.id == str(job.pk)
+    assert result.backend == "default"
+    assert result.kwargs == {"note": "first"}
+    assert result.args == [
+        {"model": "customers.customer", "pk": str(customer.pk), "generation": 1, "version": 1}
+    ]
+    # The record is a snapshot: none of its field values is stored.
+    stored = json.dumps(job.params)
+    for value in (PLANTED, customer.email, customer.reference):
+        assert value not in stored
+
+
+def test_enqueue__rolled_back_with_the_request_leaves_no_job(customer: Customer) -> None:
+    before = Job.objects.count()
+    with transaction.atomic():
+        tasks.sync_sheet.enqueue(customer)
+        transaction.set_rollback(True)  # the request fails
+    assert Job.objects.count() == before
+
+
+def test_enqueue__task_enqueued_is_sent_once_the_transaction_commits(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    got: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append((sender, task_result.id))
+
+    task_enqueued.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            result = tasks.touch.enqueue(customer)
+            assert got == []  # not before the commit: a rollback would leave no job
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert got == [(TombstoneBackend, result.id)]
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+def test_refused__a_call_without_a_record(customer: Customer) -> None:
+    with pytest.raises(UnfencedTask, match="without a TombstoneModel instance"):
+        tasks.no_record.enqueue(customer.pk)
+    assert not Job.objects.exists()
+
+
+def test_refused__two_records_without_a_fence_named(customer: Customer) -> None:
+    other = SheetRowFactory().customer
+    with pytest.raises(UnfencedTask, match=r"several records .*@task\(fence="):
+        tasks.pair.enqueue(customer, other)
+
+
+def test_refused__a_non_json_argument_is_named_never_shown(customer: Customer) -> None:
+    from datetime import datetime
+
+    with pytest.raises(InvalidParams) as info:
+        tasks.sync_sheet.enqueue(customer, note=datetime(2031, 7, 9, 13, 37))
+    message = str(info.value)
+    assert "'note'" in message
+    assert "datetime" in message
+    assert "2031" not in message
+
+
+def test_refused__a_personal_value_among_the_arguments(customer: Customer) -> None:
+    with pytest.raises(InvalidParams) as info:
+        tasks.sync_sheet.enqueue(customer, note=f"for {PLANTED}")
+    assert info.value.field == "name"
+    assert PLANTED not in str(info.value)
+    assert not Job.objects.exists()
+
+
+def test_refused__a_personal_value_of_another_record_argument(customer: Customer) -> None:
+    row = SheetRow.objects.get(customer=customer)
+    SheetRow.objects.filter(pk=row.pk).update(name_hash="f00dfeedcafe")
+    row.refresh_from_db()
+    with pytest.raises(InvalidParams) as info:
+        tasks.link_row.enqueue(row, customer=customer, note="f00dfeedcafe")
+    assert (info.value.field, info.value.model) == ("name_hash", "customers.SheetRow")
+
+
+def test_refused__a_tombstone_as_tombstones_enqueue_refuses_it(customer: Customer) -> None:
+    customer.delete()
+    tombstone = Customer.all_objects.get(pk=customer.pk)
+    with pytest.raises(RecordDeleted):
+        tasks.sync_sheet.enqueue(tombstone)
+
+
+def test_refused__a_model_that_is_not_a_tombstone_model(customer: Customer) -> None:
+    from django.contrib.auth.models import Group
+
+    group = Group.objects.create(name="g")
+    with pytest.raises(InvalidParams, match=r"position 1 .*auth\.Group .*pass its pk"):
+        tasks.pair.enqueue(customer, group)
+
+
+def _plain(customer: Customer) -> None:
+    """A module-level function for the definition checks below."""
+
+
+def _nothing() -> None:
+    """Takes no argument."""
+
+
+async def _coroutine(customer: Customer) -> None:
+    """Async."""
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"func": _plain, "fence": "nope"}, "fenced on 'nope', which is not one of"),
+        ({"func": _nothing}, "takes no argument"),
+        ({"func": _plain, "queue_name": "emails"}, "Queue 'emails'"),
+        ({"func": _plain, "priority": 5}, "priority"),
+        ({"func": _coroutine}, "async"),
+    ],
+)
+def test_refused__at_definition(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidTask, match=message):
+        TombstoneTask(**options)
+
+
+def test_fenced_task__makes_the_same_task_on_every_django_version() -> None:
+    made = fenced_task(fence="customer", external=True)(_plain)
+    assert isinstance(made, TombstoneTask)
+    assert (made.fence, made.external, made.handler_name) == (
+        "customer",
+        True,
+        "task:tests.integration.test_tasks._plain",
+    )
+    assert registry.get_handler(made.handler_name).external is True
+
+
+def test_check__queues_and_options_it_cannot_honour() -> None:
+    backend = TombstoneBackend(
+        alias="other", params={"QUEUES": ["default", "emails"], "OPTIONS": {"RETRIES": 3}}
+    )
+    assert [m.id for m in backend.check()] == ["tombstones.E031", "tombstones.E032"]
+    assert TombstoneBackend(alias="default", params={}).check() == []
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def test_run__the_task_gets_the_record_read_fresh_and_writes_through_the_fence(
+    customer: Customer,
+) -> None:
+    result = tasks.sync_sheet.enqueue(customer, note="n")
+    Customer.objects.filter(pk=customer.pk).update()  # version 2 before the job runs
+    done = finish(result)
+    assert done.status == SUCCESSFUL
+    assert done.errors == []
+    [seen] = tasks.seen
+    assert seen["customer"] is seen["record"]  # the argument is the checked record
+    assert seen["version"] == 2
+    assert seen["note"] == "n"
+    assert (seen["status"], seen["attempt"], seen["id"]) == (RUNNING, 1, result.id)
+    assert SheetRow.objects.get(customer=customer).synced_version == 2
+    fresh = Customer.objects.get(pk=customer.pk)
+    assert fresh.synced_at is not None
+    assert fresh.version == 3
+    assert done.attempts == 1
+    assert done.worker_ids
+    assert done.worker_ids[0]
+    assert done.started_at is not None
+    assert done.finished_at is not None
+    assert done.enqueued_at <= done.started_at <= done.finished_at
+
+
+def test_run__a_worker_that_never_saw_the_task_imports_it_by_path(customer: Customer) -> None:
+    result = tasks.touch.enqueue(customer)
+    registry.unregister(tasks.touch.handler_name)  # a fresh worker process
+    assert finish(result).status == SUCCESSFUL
+    assert tasks.seen == [{"customer": tasks.seen[0]["customer"]}]
+
+
+def test_run__a_task_path_nobody_can_import_waits_as_an_unknown_handler(customer: Customer) -> None:
+    result = tasks.touch.enqueue(customer)
+    Job.objects.filter(pk=result.id).update(handler="task:tests.tasks_gone.touch")
+    job = run(job_of(result))
+    assert (job.status, job.reason) == ("retry_wait", "handler_unknown")
+    assert tasks.seen == []
+
+
+def test_run__with_two_records_the_fence_is_the_one_named(customer: Customer) -> None:
+    row = SheetRow.objects.get(customer=customer)
+    result = tasks.link_row.enqueue(row, customer=customer)
+    assert job_of(result).object_id == str(customer.pk)
+    assert result.args == [{"model": "customers.sheetrow", "pk": str(row.pk)}]
+    assert finish(result).status == SUCCESSFUL
+    [seen] = tasks.seen
+    assert seen["record"] is seen["customer"]
+    assert seen["row"].pk == row.pk
+    # Deleting the row (not the fence) does not reject; deleting the customer does.
+    again = tasks.link_row.enqueue(row, customer=customer)
+    customer.delete()
+    assert finish(again).status == FAILED
+
+
+def test_run__external_task_is_bracketed_and_gets_the_idempotency_key(customer: Customer) -> None:
+    result = tasks.call_out.enqueue(customer)
+    assert job_of(result).external
+    assert finish(result).status == SUCCESSFUL
+    [seen] = tasks.seen
+    assert seen["key"] == job_of(result).idempotency_key
+    assert seen["sending"] is not None  # marked sending (committed) before the call
+    assert job_of(result).sent_at is not None
+
+
+# --- outcomes as TaskResults --------------------------------------------------------------------
+
+
+def test_result__a_job_from_before_a_delete_is_failed_never_successful(customer: Customer) -> None:
+    result = tasks.sync_sheet.enqueue(customer)
+    customer.delete()
+    done = finish(result)
+    assert done.status == FAILED
+    [error] = done.errors
+    assert error.exception_class is RecordDeleted
+    assert "rejected: source_deleted" in error.traceback
+    assert done.args == []  # the params of a job that did not succeed are erased
+    assert tasks.seen == []
+    with pytest.raises(ValueError, match="failed"):
+        done.return_value  # noqa: B018
+
+
+def test_result__a_recreated_record_rejects_the_old_generations_task(customer: Customer) -> None:
+    from tombstones.exceptions import GenerationChanged
+
+    old = tasks.sync_sheet.enqueue(customer)
+    customer.delete()
+    again = Customer.all_objects.recreate(reference=customer.reference, name="N", email="n@x.test")
+    new = tasks.sync_sheet.enqueue(again)
+    first, second = finish(old), finish(new)
+    assert first.status == FAILED
+    assert first.errors[0].exception_class is GenerationChanged
+    assert second.status == SUCCESSFUL
+    assert [s["customer"].generation for s in tasks.seen] == [2]
+
+
+def test_result__a_task_that_raises_is_failed_with_the_library_class(customer: Customer) -> None:
+    from tombstones.exceptions import JobFailed
+
+    done = finish(tasks.broken.enqueue(customer))
+    assert done.status == FAILED
+    [error] = done.errors
+    assert error.exception_class is JobFailed
+    assert "failed: handler_error" in error.traceback
+    assert "builtins.ValueError" in error.traceback
+    assert "a bug in the task" not in error.traceback  # a message may hold a value
+
+
+def test_get_result__ids_that_are_no_task_of_this_backend(customer: Customer) -> None:
+    import tombstones
+
+    backend = tasks.touch.get_backend()
+    plain = tombstones.enqueue("customers.update_sheet_row", customer)
+    for unknown in ("999999", "abc", str(plain.pk), None):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(unknown)
+    result = tasks.touch.enqueue(customer)
+    from tombstones.tasks.compat import TaskResult
+
+    assert isinstance(tasks.touch.get_result(result.id), TaskResult)
+    with pytest.raises(Exception, match="Task does not match"):
+        tasks.sync_sheet.get_result(result.id)
+
+
+def test_signals__started_in_the_worker_finished_after_the_outcome_commits(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    got: list[tuple[str, str]] = []
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(("started", task_result.status))
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(("finished", task_result.status))
+
+    task_started.connect(started)
+    task_finished.connect(finished)
+    try:
+        ok = tasks.touch.enqueue(customer)
+        with django_capture_on_commit_callbacks(execute=True):
+            run(job_of(ok))
+        rejected = tasks.touch.enqueue(customer)
+        Customer.objects.get(pk=customer.pk).delete()
+        with django_capture_on_commit_callbacks(execute=True):
+            run(job_of(rejected))
+    finally:
+        task_started.disconnect(started)
+        task_finished.disconnect(finished)
+    assert got == [("started", RUNNING), ("finished", SUCCESSFUL), ("finished", FAILED)]
+
+
+# --- the race fixture through a task ------------------------------------------------------------
+
+
+def test_race_fixture__the_four_cases_and_the_worked_example_through_a_task() -> None:
+    from tests.factories import CustomerFactory
+
+    report = RaceFixture(Customer, tasks.sync_sheet, make_record=CustomerFactory).run()
+    assert report.ok, report.table()
+    actual = {r.case.name: r.actual for r in report.results}
+    assert actual["1"] == {"J": "rejected:source_deleted"}
+    assert actual["3"] == {"J": "rejected:generation_changed"}
+    assert actual["4"] == {"J": "reread"}
+    assert actual["2"]["J"].startswith("rejected:")
