@@ -5,17 +5,26 @@ A module of its own so that worker processes import them by path, as they would 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from django.utils import timezone
 
 from project.customers.models import Customer, SheetRow
 from project.stress.models import StressEntity
+from tombstones.tasks import fenced_task
 
 try:
     from django.tasks import task
 except ImportError:  # Django 5.2: the backport
     from django_tasks import task
+
+# Django 6.1 (and the backport) pass @task's other keywords to the backend's task class; 6.0 does
+# not, and there the companion decorator takes them.
+if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(task).parameters.values()):
+    with_options: Any = task
+else:  # Django 6.0
+    with_options = fenced_task
 
 # What a task saw, for the tests to read (in-process runs only).
 seen: list[dict[str, Any]] = []
@@ -46,7 +55,7 @@ def touch(customer: Customer) -> None:
     seen.append({"customer": customer})
 
 
-@task(fence="customer", takes_context=True)
+@with_options(fence="customer", takes_context=True)
 def link_row(context: Any, row: SheetRow, customer: Customer, note: str = "") -> None:
     """Two record arguments: fenced on the customer, the row read fresh."""
     seen.append({"row": row, "customer": customer, "record": context.record})
@@ -63,7 +72,7 @@ def no_record(number: int) -> None:
     """No record argument: refused at enqueue."""
 
 
-@task(takes_context=True, external=True)
+@with_options(takes_context=True, external=True)
 def call_out(context: Any, customer: Customer) -> None:
     """External: the key goes to the other system; the bracket is the engine's."""
     from tombstones.models import Job

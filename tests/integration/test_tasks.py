@@ -177,18 +177,18 @@ async def _coroutine(customer: Customer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("func", "options", "message"),
     [
-        ({"func": _plain, "fence": "nope"}, "fenced on 'nope', which is not one of"),
-        ({"func": _nothing}, "takes no argument"),
-        ({"func": _plain, "queue_name": "emails"}, "Queue 'emails'"),
-        ({"func": _plain, "priority": 5}, "priority"),
-        ({"func": _coroutine}, "async"),
+        (_plain, {"fence": "nope"}, "fenced on 'nope', which is not one of"),
+        (_nothing, {}, "takes no argument"),
+        (_plain, {"queue_name": "emails"}, "Queue 'emails'"),
+        (_plain, {"priority": 5}, "priority"),
+        (_coroutine, {}, "async"),
     ],
 )
-def test_refused__at_definition(options: dict[str, Any], message: str) -> None:
+def test_refused__at_definition(func: Any, options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidTask, match=message):
-        TombstoneTask(**options)
+        fenced_task(**options)(func)
 
 
 def test_fenced_task__makes_the_same_task_on_every_django_version() -> None:
@@ -377,3 +377,26 @@ def test_race_fixture__the_four_cases_and_the_worked_example_through_a_task() ->
     assert actual["3"] == {"J": "rejected:generation_changed"}
     assert actual["4"] == {"J": "reread"}
     assert actual["2"]["J"].startswith("rejected:")
+
+
+# --- the demo -----------------------------------------------------------------------------------
+
+
+def test_demo__the_customer_admin_queues_its_sheet_rows_task(
+    customer: Customer, admin_client: Any
+) -> None:
+    from project.customers.tasks import refresh_sheet_rows
+
+    response = admin_client.post(
+        "/admin/customers/customer/",
+        {"action": "refresh_sheet_rows", "_selected_action": [customer.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    job = Job.objects.get(handler=refresh_sheet_rows.handler_name)
+    assert f"job {job.pk}" in response.content.decode()
+    assert run(job).status == "succeeded"
+    row = SheetRow.objects.get(customer=customer)
+    assert row.synced_version == customer.version
+    assert len(row.name_hash) == 16
+    assert refresh_sheet_rows.get_result(str(job.pk)).status == SUCCESSFUL

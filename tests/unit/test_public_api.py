@@ -66,6 +66,11 @@ def test_public_api__the_exceptions() -> None:
         "UnfencedWrite",
         "TransientError",
         "LeaseLost",
+        "UnfencedTask",
+        "JobFailed",
+        "JobExpired",
+        "JobCancelled",
+        "OutcomeUncertain",
     }
     defined = {
         name
@@ -132,6 +137,10 @@ def test_public_api__the_commands() -> None:
         "tombstones.testing.run_race_fixture",
         "tombstones.testing.load_cases",
         "tombstones.testing.SEED_CASES",
+        # Settings name the tasks backend: TASKS = {"default": {"BACKEND": ...}}.
+        "tombstones.tasks.TombstoneBackend",
+        "tombstones.tasks.TombstoneTaskContext",
+        "tombstones.tasks.fenced_task",
     ],
 )
 def test_public_api__dotted_paths_stored_outside_the_code_resolve(path: str) -> None:

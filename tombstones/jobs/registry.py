@@ -99,10 +99,15 @@ def handler(
     return register
 
 
-def add(made: Handler) -> Handler:
+def add(made: Handler, *, replace: bool = False) -> Handler:
     """Register a handler made elsewhere (a task's): the same one again is a no-op, another one
-    under the same name raises ImproperlyConfigured, as ``handler()`` does."""
+    under the same name raises ImproperlyConfigured, as ``handler()`` does, unless ``replace``
+    (a task's name is its dotted path: another function there is the same task redefined, as
+    by a module reload)."""
     check_name(made.name)
+    if replace:
+        _registry[made.name] = made
+        return made
     existing = _registry.setdefault(made.name, made)
     if existing != made:
         raise ImproperlyConfigured(

@@ -86,7 +86,7 @@ class TombstoneBackend(BaseTaskBackend):
                     "parameters."
                 )
         # Defining a task registers its handler, in the web process and in the worker alike.
-        registry.add(task.tombstone_handler())
+        registry.add(task.tombstone_handler(), replace=True)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         """One fenced job in the caller's transaction (a rolled-back request leaves none); the

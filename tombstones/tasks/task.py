@@ -79,6 +79,7 @@ def fenced_task(
             queue_name=queue_name,
             backend=backend,
             takes_context=takes_context,
+            run_after=None,  # Django 6.0's Task has no default for it
             fence=fence,
             external=external,
         )
