@@ -456,6 +456,91 @@ def test_browser__timeline_and_dashboard_render_the_race(page: Any, live_server:
     _shot(page, "06-dashboard")
 
 
+# The timeline's text: its box in the page and its size on screen (CSS size x the drawing's scale).
+_TIMELINE_TEXTS = """svg => [...svg.querySelectorAll('text')].map(t => {
+    const r = t.getBoundingClientRect();
+    const size = parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a;
+    return {text: t.textContent.trim(), x: r.left, y: r.top, width: r.width, height: r.height,
+            size: size};
+})"""
+_RECTS = """els => els.map(e => {
+    const r = e.getBoundingClientRect(); return {x: r.left, right: r.right};
+})"""
+
+
+def _timeline(page: Any, live_server: Any, record: Customer) -> Any:
+    content_type = ContentType.objects.get_for_model(Customer)
+    page.goto(
+        f"{live_server.url}"
+        f"{reverse('admin:tombstones_job_timeline', args=(content_type.pk, record.pk))}"
+    )
+    return page.locator("svg#record-timeline")
+
+
+def _assert_timeline_text_readable_and_apart(svg: Any, what: str) -> None:
+    texts = svg.evaluate(_TIMELINE_TEXTS)
+    assert len(texts) > 4, what
+    for t in texts:
+        assert t["size"] >= 12, (what, t)  # issue 24: 9-10 px
+    for i, a in enumerate(texts):
+        for b in texts[i + 1 :]:
+            assert not _boxes_overlap(a, b), (what, a["text"], b["text"], a, b)
+
+
+def test_browser__timeline_labels_apart_readable_and_bars_end_at_the_outcome(
+    page: Any, live_server: Any
+) -> None:
+    """Issue 24, point 3: labels on top of each other, a succeeded job's bar across the deletion,
+    9-10 px text."""
+    staff = _staff()
+    customer = CustomerFactory()
+    SheetRow.objects.create(customer=customer, reference=f"row-{customer.reference}")
+    done = enqueue("customers.update_sheet_row", customer, params={"note": "ids only"})
+    run_worker(done.pk)
+    late = enqueue("customers.update_sheet_row", customer)
+    customer.delete()  # erases the params of `done`: a params_erased event after the deletion
+    run_worker(late.pk)
+    done.refresh_from_db()
+    late.refresh_from_db()
+    assert done.status == Job.Status.SUCCEEDED
+    assert (late.status, late.reason) == (Job.Status.REJECTED, Job.Reason.SOURCE_DELETED)
+    assert done.events.filter(event=JobEvent.Event.PARAMS_ERASED).exists()
+    _login(page, live_server, staff)
+
+    # The tombstone: the succeeded job's bar and dots end before the "deleted" line.
+    svg = _timeline(page, live_server, customer)
+    _shot(page, "13-timeline-tombstone")
+    (deleted,) = svg.locator("g.mark-deleted line").evaluate_all(_RECTS)
+    bar = svg.locator(f'g.job[data-job="{done.pk}"]')
+    (line,) = bar.locator("line").evaluate_all(_RECTS)
+    dots = bar.locator("circle").evaluate_all(_RECTS)
+    assert len(dots) >= 2
+    assert line["right"] < deleted["x"], (line, deleted)
+    assert max(d["right"] for d in dots) < deleted["x"], (dots, deleted)
+    # The rejected job found the tombstone: its outcome is after the deletion.
+    (rejected,) = svg.locator(f'g.job[data-job="{late.pk}"] line').evaluate_all(_RECTS)
+    assert rejected["right"] > deleted["x"]
+    _assert_timeline_text_readable_and_apart(svg, "tombstone")
+
+    # Re-created, a job on the new generation: "tombstone seen" and "re-created as g2" are a
+    # step apart, their labels on two lines; the text is readable at 1280 and 1440 px.
+    revived = Customer.all_objects.recreate(
+        reference=customer.reference, name="Second Life", email="second@example.test"
+    )
+    fresh = enqueue("customers.update_sheet_row", revived)
+    run_worker(fresh.pk)
+    for width in (1280, 1440):
+        page.set_viewport_size({"width": width, "height": 900})
+        svg = _timeline(page, live_server, revived)
+        _shot(page, f"14-timeline-recreated-{width}")
+        labels = [t.text_content().strip() for t in svg.locator("text").all()]
+        assert "tombstone seen" in labels
+        assert "re-created as g2" in labels
+        _assert_timeline_text_readable_and_apart(svg, f"re-created at {width}")
+        _within_viewport(page, svg.bounding_box(), "timeline")
+        _no_horizontal_scroll(page, "timeline")
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 

@@ -321,7 +321,7 @@ def test_timeline__draws_generations_deletion_recreation_and_each_job(
     ct = ContentType.objects.get_for_model(Customer)
     response = staff_client.get(reverse("admin:tombstones_job_timeline", args=(ct.pk, planted.pk)))
     page = _html(response)
-    assert '<svg class="tg-svg" id="record-timeline"' in page
+    assert '<svg class="tg-timeline" id="record-timeline"' in page
     # The picture's geometry: everything inside the drawing, each bar left to right, the old
     # job's bar ending (rejected) after the re-creation mark.
     svg = response.context["svg"]

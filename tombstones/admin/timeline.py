@@ -67,7 +67,7 @@ class Identity:
 
 @dataclass
 class Sighting:
-    """A moment at which the record's (generation, version) is known."""
+    """A moment at which a job saw the record's (generation, version)."""
 
     at: datetime
     generation: int
@@ -134,7 +134,8 @@ def current_identity(content_type: ContentType, object_id: str) -> Identity:
     return identity
 
 
-def _sightings(jobs: list[Job], events: list[JobEvent], identity: Identity) -> list[Sighting]:
+def _sightings(jobs: list[Job], events: list[JobEvent]) -> list[Sighting]:
+    """What the jobs saw, in time order: each enqueue, and each event that read the record."""
     seen: list[Sighting] = []
     for job in jobs:
         if job.generation is not None:
@@ -153,35 +154,44 @@ def _sightings(jobs: list[Job], events: list[JobEvent], identity: Identity) -> l
                     f"#{ev.job_id} {ev.event}",
                 )
             )
-    if identity.exists and identity.generation is not None:
-        seen.append(
-            Sighting(
-                timezone.now(),
-                identity.generation,
-                identity.version,
-                identity.deleted_at is not None,
-                "now",
-            )
-        )
     seen.sort(key=lambda s: s.at)
     return seen
 
 
+def observed(jobs: list[Job], events: list[JobEvent], identity: Identity) -> list[Generation]:
+    """The record's generations as its jobs and its own row show them."""
+    return _generations(_sightings(jobs, events), identity)
+
+
 def _generations(seen: list[Sighting], identity: Identity) -> list[Generation]:
+    """The generations the jobs saw, and the record's current one.
+
+    First and last seen are moments of the data: the jobs' sightings and the record's own
+    ``deleted_at``. The record has no other timestamp: a current generation no job has seen has
+    none (not the time the page was read).
+    """
     found: dict[int, Generation] = {}
     for s in seen:
         gen = found.get(s.generation)
         if gen is None:
             gen = found[s.generation] = Generation(s.generation, s.at, s.at)
-        gen.first, gen.last = min(gen.first, s.at), max(gen.last, s.at)
+        gen.first = min(gen.first, s.at) if gen.first is not None else s.at
+        gen.last = max(gen.last, s.at) if gen.last is not None else s.at
         if s.version is not None and s.version not in gen.versions:
             gen.versions.append(s.version)
-        if s.tombstone and s.source != "now" and gen.tombstone_seen_at is None:
+        if s.tombstone and gen.tombstone_seen_at is None:
             gen.tombstone_seen_at = s.at
-    if identity.deleted_at is not None and identity.generation in found:
-        gen = found[identity.generation]
-        gen.deleted_at = identity.deleted_at
-        gen.first = min(gen.first, identity.deleted_at)
+    if identity.exists and identity.generation is not None:
+        gen = found.setdefault(
+            identity.generation, Generation(identity.generation, first=None, last=None)
+        )
+        if identity.version is not None and identity.version not in gen.versions:
+            gen.versions.append(identity.version)
+        if identity.deleted_at is not None:
+            # The deletion is the generation's last change, and it lived before it.
+            gen.deleted_at = deleted = identity.deleted_at
+            gen.first = min(gen.first, deleted) if gen.first is not None else deleted
+            gen.last = max(gen.last, deleted) if gen.last is not None else deleted
     ordered = [found[n] for n in sorted(found)]
     for i, gen in enumerate(ordered):
         gen.versions.sort()
@@ -201,7 +211,6 @@ def build(content_type: ContentType, object_id: str) -> Timeline:
         [*(job.enqueued_event() for job in jobs), *stored],
         key=lambda ev: (ev.created_at, ev.pk is not None, ev.pk or ev.job_id),
     )
-    seen = _sightings(jobs, events, identity)
-    generations = _generations(seen, identity)
+    generations = observed(jobs, events, identity)
     svg = timeline_svg.picture(jobs, events, generations, timezone.now())
     return Timeline(identity, jobs, events, generations, total > len(jobs), svg)
