@@ -1,0 +1,76 @@
+"""The engine does not pay for finished rows: with a ledger full of finished jobs, every
+statement of the claim, the outcome and the sweep reads the job table through an index on
+unfinished jobs (or the primary key), and never scans the job or event table (PostgreSQL's
+plans, after ANALYZE, as autovacuum keeps them)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import tombstones
+from bench.ledger import seed_finished
+from project.customers.models import Customer
+from tests.factories import SheetRowFactory
+from tests.jobkit import run
+from tombstones.jobs.engine.sweep import sweep
+
+pytestmark = pytest.mark.django_db
+
+LEDGER = 200_000
+TABLES = re.compile(r'"?tombstones_job(event)?"?', re.I)
+SEQ_SCAN = re.compile(r"Seq Scan on (tombstones_job(?:event)?)\b")
+INDEX = re.compile(r"(?:Index Scan|Index Only Scan|Bitmap Index Scan) (?:using |on )(\w+)")
+# The job table's indexes over unfinished jobs only, and its primary key.
+UNFINISHED_ONLY = {
+    "tombstones_job_pkey",
+    "tombstones_job_lane_place",
+    "tombstones_job_unfinished",
+    "tombstones_job_one_running_per_lane",
+}
+
+
+def job_indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'tombstones_job'")
+        return {name for (name,) in cursor.fetchall()}
+
+
+def plans(queries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(statement, plan) of every statement that reads or writes the job or event table."""
+    found = []
+    with connection.cursor() as cursor:
+        for query in queries:
+            sql = query["sql"]
+            verb = sql.lstrip().split(None, 1)[0].upper()
+            if verb not in ("SELECT", "UPDATE", "DELETE", "WITH") or not TABLES.search(sql):
+                continue
+            cursor.execute("EXPLAIN " + sql)
+            found.append((sql, "\n".join(row[0] for row in cursor.fetchall())))
+    return found
+
+
+def test_plans__claim_outcome_and_sweep_use_indexes_on_a_full_ledger(postgres_only: None) -> None:
+    seed_finished(LEDGER)
+    customers = [SheetRowFactory().customer for _ in range(3)]
+    jobs = [tombstones.enqueue("customers.update_sheet_row", c) for c in customers]
+    Customer.objects.get(pk=customers[1].pk).delete()  # one rejection among them
+    with CaptureQueriesContext(connection) as captured:
+        run(jobs[0])  # claims every due head: the claim, the checks, the outcomes
+        sweep()
+    checked = plans(captured.captured_queries)
+    assert len(checked) >= 5, "the engine ran no statement on the job table?"
+    scans = [(SEQ_SCAN.findall(plan), sql) for sql, plan in checked if SEQ_SCAN.search(plan)]
+    assert scans == [], "\n\n".join(f"{tables}: {sql[:400]}" for tables, sql in scans)
+    assert job_indexes() >= UNFINISHED_ONLY
+    others = job_indexes() - UNFINISHED_ONLY
+    wide = [
+        (sorted(used), sql)
+        for sql, plan in checked
+        if (used := set(INDEX.findall(plan)) & others)
+    ]
+    assert wide == [], "\n\n".join(f"{used}: {sql[:400]}" for used, sql in wide)
