@@ -79,7 +79,7 @@ def seed_finished(
 
 def _jobs_pg(cursor: object, ct: int, offset: int, size: int) -> None:
     g = "g"
-    at = f"now() - make_interval(secs => 3600 + ({g} * 7919) % {SPAN_SECONDS})"
+    at = f"now() - make_interval(secs => 3600 + ({g}::bigint * 7919) % {SPAN_SECONDS})"
     cursor.execute(  # type: ignore[attr-defined]
         _escaped(f"""
         INSERT INTO tombstones_job ({_COLUMNS})

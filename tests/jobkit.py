@@ -93,6 +93,8 @@ def make_due(job: Job) -> None:
 
 
 def events(job: Job) -> list[str]:
+    """The job's trail as the ledger holds it now (a plain success keeps it in its row)."""
+    job.refresh_from_db()
     return [ev.event for ev in job.history()]
 
 

@@ -20,7 +20,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from ..jobs.models import Job, JobEvent
+from ..jobs.models import Job, JobEvent, with_row_events
 from ..records.mixin import TombstoneModel
 from ..records.options import get_options
 from . import timeline_svg
@@ -206,9 +206,10 @@ def build(content_type: ContentType, object_id: str) -> Timeline:
     total = jobs_qs.count()
     jobs = list(jobs_qs.order_by("-id")[:MAX_JOBS])[::-1]
     stored = JobEvent.objects.filter(job__in=[j.pk for j in jobs]).order_by("created_at", "id")
-    # The job rows record the enqueues; they come first among events of the same moment.
+    # The job rows record the enqueues (and a plain success); enqueues come first among events
+    # of the same moment.
     events = sorted(
-        [*(job.enqueued_event() for job in jobs), *stored],
+        [*(job.enqueued_event() for job in jobs), *with_row_events(jobs, stored)],
         key=lambda ev: (ev.created_at, ev.pk is not None, ev.pk or ev.job_id),
     )
     generations = observed(jobs, events, identity)

@@ -155,6 +155,8 @@ class Job(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     found_generation = models.PositiveIntegerField(null=True, blank=True)
     found_version = models.PositiveIntegerField(null=True, blank=True)
+    # A plain success stores no events: the version its check found (see row_events).
+    checked_version = models.PositiveIntegerField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -242,8 +244,48 @@ class Job(models.Model):
         )
 
     def history(self) -> list[JobEvent]:
-        """The job's audit trail in order: its enqueue, then its stored events."""
-        return [self.enqueued_event(), *self.events.order_by("created_at", "id")]
+        """The job's audit trail in order: its enqueue, then its events (stored, or kept in
+        its row: see :meth:`row_events`)."""
+        return [self.enqueued_event(), *with_row_events([self], self.events.all())]
+
+    def row_events(self) -> list[JobEvent]:
+        """The (unsaved) events a job's row stands for when it has none stored.
+
+        An internal job that succeeded at its first claim, without a re-read, stores no event
+        rows: its row already holds its claim (``owner``, ``started_at``; the check is shown at
+        that moment, the row keeps no time of its own for it), what its check found
+        (``checked_version``, at the job's generation) and its outcome (``finished_at``, the
+        ``found_*`` columns). Rejections, failures, retries, re-reads and external calls keep
+        their stored trail.
+        """
+        if (
+            self.status != states.Status.SUCCEEDED
+            or self.external
+            or self.started_at is None
+            or self.checked_version is None
+        ):
+            return []
+        common = {
+            "job": self,
+            "content_type_id": self.content_type_id,
+            "object_id": self.object_id,
+            "expected_generation": self.generation,
+            "expected_version": self.version,
+            "worker": self.owner,
+        }
+        checked = {"found_generation": self.generation, "found_version": self.checked_version}
+        found = {"found_generation": self.found_generation, "found_version": self.found_version}
+        Event = states.Event
+        return [
+            JobEvent(event=Event.CLAIMED, created_at=self.started_at, **common),
+            JobEvent(event=Event.CHECKED, created_at=self.started_at, **common, **checked),
+            JobEvent(
+                event=Event.SUCCEEDED,
+                created_at=self.finished_at or self.started_at,
+                **common,
+                **found,
+            ),
+        ]
 
 
 class JobEvent(models.Model):
@@ -278,6 +320,17 @@ class JobEvent(models.Model):
     @property
     def record_ref(self) -> str:
         return f"{self.content_type.app_label}.{self.content_type.model}:{self.object_id}"
+
+
+def with_row_events(jobs: list[Job], stored: Any) -> list[JobEvent]:
+    """``stored`` events of ``jobs`` (a queryset or list), with the events kept in the rows of
+    those that stored none of their outcome, in time order (see :meth:`Job.row_events`)."""
+    events = list(stored)
+    ended = {e.job_id for e in events if e.event == states.Event.SUCCEEDED}
+    for job in jobs:
+        if job.pk not in ended:
+            events += job.row_events()
+    return sorted(events, key=lambda e: (e.created_at, e.pk is None, e.pk or 0))
 
 
 class RejectionManager(models.Manager["Rejection"]):

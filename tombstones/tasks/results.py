@@ -101,12 +101,16 @@ def result_for(
 
 
 def claims_of(job: Job) -> list[tuple[str, datetime]]:
-    """(worker, time) of each recorded claim of the job, oldest first."""
-    return list(
+    """(worker, time) of each recorded claim of the job, oldest first (a plain success keeps
+    its one claim in its row: Job.row_events)."""
+    found = list(
         job.events.filter(event=Event.CLAIMED)
         .order_by("created_at", "id")
         .values_list("worker", "created_at")
     )
+    if not found:
+        found = [(e.worker, e.created_at) for e in job.row_events() if e.event == Event.CLAIMED]
+    return found
 
 
 def _when(value: Any) -> datetime | None:
