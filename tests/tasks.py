@@ -95,3 +95,20 @@ def apply(context: Any, entity: StressEntity, payload: str = "") -> None:
 @task
 def pair(first: Customer, second: Customer) -> None:
     """Two records and no fence named: refused at enqueue."""
+
+
+calls: list[int] = []
+
+
+@task(takes_context=True)
+def bump_once(context: Any, customer: Customer) -> None:
+    """Another writer moves the record between its check and its write, the first time only:
+    the engine reads it again and calls the task a second time."""
+    from tombstones.tasks import TombstoneBackend
+
+    calls.append(customer.version)
+    live = TombstoneBackend(alias="default", params={}).get_result(context.task_result.id)
+    seen.append({"live_status": live.status, "live_workers": live.worker_ids})
+    if len(calls) == 1:
+        Customer.objects.filter(pk=customer.pk).update()
+    context.update(phone="+1")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from django.apps import AppConfig
 
 
@@ -35,3 +37,17 @@ class TombstonesConfig(AppConfig):
         post_execute_in_worker.connect(mark_q_task, dispatch_uid="tombstones.mark_q_task")
         post_spawn.connect(on_worker_start, dispatch_uid="tombstones.worker_start")
         post_migrate.connect(install_schedule, sender=self, dispatch_uid="tombstones.schedule")
+        if _names_our_backend():
+            # Django registers the checks of its TASKS backends (ours: E030-E032) when its tasks
+            # framework is imported, which nothing else does at startup.
+            import_module("tombstones.tasks")
+
+
+def _names_our_backend() -> bool:
+    from django.conf import settings
+
+    found = getattr(settings, "TASKS", None)
+    return isinstance(found, dict) and any(
+        isinstance(conf, dict) and str(conf.get("BACKEND", "")).startswith("tombstones.tasks")
+        for conf in found.values()
+    )

@@ -202,6 +202,25 @@ def test_fenced_task__makes_the_same_task_on_every_django_version() -> None:
     assert registry.get_handler(made.handler_name).external is True
 
 
+def test_check__runs_at_startup_without_any_task_imported() -> None:
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    env = {**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.tasks_check_settings"}
+    out = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "tombstones.E031" in out.stderr + out.stdout
+
+
 def test_check__queues_and_options_it_cannot_honour() -> None:
     backend = TombstoneBackend(
         alias="other", params={"QUEUES": ["default", "emails"], "OPTIONS": {"RETRIES": 3}}
@@ -321,6 +340,16 @@ def test_result__a_task_that_raises_is_failed_with_the_library_class(customer: C
     assert "a bug in the task" not in error.traceback  # a message may hold a value
 
 
+def test_result__an_uncertain_end_is_uncertain_whatever_its_reason() -> None:
+    from tombstones.exceptions import OutcomeUncertain
+    from tombstones.tasks.results import errors_of
+
+    job = Job(pk=7, status="uncertain", reason="deleted_during_send", generation=1, version=1)
+    [error] = errors_of(job)
+    assert error.exception_class is OutcomeUncertain
+    assert "uncertain: deleted_during_send" in error.traceback
+
+
 def test_get_result__ids_that_are_no_task_of_this_backend(customer: Customer) -> None:
     import tombstones
 
@@ -341,12 +370,14 @@ def test_signals__started_in_the_worker_finished_after_the_outcome_commits(
     customer: Customer, django_capture_on_commit_callbacks: Any
 ) -> None:
     got: list[tuple[str, str]] = []
+    results: list[tuple[str, Any]] = []
 
     def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
         got.append(("started", task_result.status))
 
     def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
         got.append(("finished", task_result.status))
+        results.append(("finished", task_result))
 
     task_started.connect(started)
     task_finished.connect(finished)
@@ -362,6 +393,36 @@ def test_signals__started_in_the_worker_finished_after_the_outcome_commits(
         task_started.disconnect(started)
         task_finished.disconnect(finished)
     assert got == [("started", RUNNING), ("finished", SUCCESSFUL), ("finished", FAILED)]
+    # What task_finished carried is what get_result() reads: the row as the outcome left it.
+    [ok_done, rejected_done] = [r for kind, r in results if kind == "finished"]
+    assert ok_done.finished_at is not None
+    assert rejected_done.args == []  # erased with the job's params
+    assert "gNone" not in rejected_done.errors[0].traceback
+
+
+def test_signals__started_once_per_claim_though_a_reread_calls_the_task_again(
+    customer: Customer,
+) -> None:
+    tasks.calls.clear()
+    got: list[Any] = []
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(task_result)
+
+    task_started.connect(started)
+    try:
+        done = finish(tasks.bump_once.enqueue(customer))
+    finally:
+        task_started.disconnect(started)
+    assert done.status == SUCCESSFUL
+    assert len(tasks.calls) == 2  # the fence lost, the record read again, the task called again
+    assert job_of(done).rereads == 1
+    assert len(got) == 1
+    assert got[0].started_at is not None
+    assert got[0].worker_ids == done.worker_ids
+    # While it ran, get_result() already showed it running on its worker.
+    assert {s["live_status"] for s in tasks.seen} == {RUNNING}
+    assert all(s["live_workers"] == done.worker_ids for s in tasks.seen)
 
 
 # --- the race fixture through a task ------------------------------------------------------------

@@ -172,8 +172,12 @@ def _send_task_finished(sender: Any, job: Any, **kwargs: Any) -> None:
     task = task_of(job.handler)
     if task is None:
         return
+    from ..jobs.models import Job
+
+    # As get_result() will read it: the sender's instance lacks what the database set.
+    stored = Job.objects.using(job._state.db).select_related("content_type").get(pk=job.pk)
     backend = task.get_backend()
-    task_finished.send(type(backend), task_result=result_for(job, task, backend.alias))
+    task_finished.send(type(backend), task_result=result_for(stored, task, backend.alias))
 
 
 job_finished.connect(_send_task_finished, dispatch_uid="tombstones.tasks.task_finished")

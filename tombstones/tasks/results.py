@@ -59,7 +59,8 @@ def errors_of(job: Job) -> list[TaskError]:
     worker logs a handler's traceback, and the ledger never stores one)."""
     if status_of(job) != TaskResultStatus.FAILED:
         return []
-    cls = ERROR_CLASSES.get(job.reason) or STATUS_ERROR_CLASSES.get(job.status)
+    # An uncertain end is uncertain whatever its reason (deleted_during_send: sent all the same).
+    cls = STATUS_ERROR_CLASSES.get(job.status) or ERROR_CLASSES.get(job.reason)
     text = (
         f"job {job.pk} {job.status}: {job.reason or '-'} "
         f"(expected g{job.generation}/v{job.version}, "
@@ -100,9 +101,10 @@ def result_for(
     )
 
 
-def claims_of(job: Job) -> list[tuple[str, datetime]]:
-    """(worker, time) of each recorded claim of the job, oldest first (a plain success keeps
-    its one claim in its row: Job.row_events)."""
+def claims_of(job: Job, *, running: bool | None = None) -> list[tuple[str, datetime]]:
+    """(worker, time) of each claim of the job, oldest first: the recorded ones, and the one
+    running now (its event is written with its outcome; its row holds it meanwhile). A plain
+    success keeps its one claim in its row (Job.row_events)."""
     found = list(
         job.events.filter(event=Event.CLAIMED)
         .order_by("created_at", "id")
@@ -110,6 +112,10 @@ def claims_of(job: Job) -> list[tuple[str, datetime]]:
     )
     if not found:
         found = [(e.worker, e.created_at) for e in job.row_events() if e.event == Event.CLAIMED]
+    if running is None:
+        running = job.status == Status.RUNNING
+    if running and job.started_at is not None:
+        found.append((job.owner, job.started_at))
     return found
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
-
 from ..jobs.registry import Handler
 from .arguments import decode
 from .compat import TaskResultStatus, task_started
@@ -32,12 +30,17 @@ def handler_for(task: TombstoneTask) -> Handler:
         args, kwargs = decode(ctx.params, ctx.record)
         backend = task.get_backend()
         job = ctx.job
-        # This claim's own event is written with the outcome: it is not in the ledger yet.
-        claims = [*claims_of(job), (job.owner, job.started_at or timezone.now())]
+        if job.started_at is None:  # the claim's UPDATE set it in the row, not here
+            job.started_at = job.__class__.objects.values_list("started_at", flat=True).get(
+                pk=job.pk
+            )
+        claims = claims_of(job, running=True)
         result = result_for(
             job, task, backend.alias, claims=claims, status=TaskResultStatus.RUNNING
         )
-        task_started.send(sender=type(backend), task_result=result)
+        if not getattr(job, "_task_started", False):  # once per claim, not per re-read
+            job._task_started = True  # type: ignore[attr-defined]
+            task_started.send(sender=type(backend), task_result=result)
         if task.takes_context:
             context = TombstoneTaskContext(task_result=result, handler_context=ctx)
             task.call(context, *args, **kwargs)
