@@ -1,4 +1,4 @@
-"""A project whose only app is tombstones, with a TASKS backend its checks refuse: nothing
+"""The project without its own apps (no module of it imports a task), with a TASKS backend its checks refuse: nothing
 imports a task at startup (tests/integration/test_tasks.py runs ``manage.py check`` with it)."""
 
 from project.settings import *  # noqa: F403
