@@ -1,8 +1,10 @@
 # django-tombstone-guard: developer entry points.
 #
 #   make demo                 SQLite demo: admin + django-q2 cluster on http://127.0.0.1:8000/
+#                             (DEMO_ADDR=127.0.0.1:8001 for another address)
 #                             (its own .venv-demo: the app, django-q2 and the [demo] extra only)
 #   make demo-reset           delete the demo database and .mail/, migrate and seed again
+#                             (refused while the demo runs, on whatever address)
 #   make test                 the test suite on SQLite
 #   make test DATABASE_URL=postgres://postgres@127.0.0.1:5432/test   ... on PostgreSQL
 #   make lint                 ruff check, ruff format --check, mypy
@@ -19,6 +21,8 @@ PYTEST_ARGS ?=
 
 # The demo's environment: what the demo needs, none of the dev tools (Playwright, mypy, ...).
 DEMO_VENV ?= .venv-demo
+# Where the demo serves (its CRM jobs post there too); an environment variable works as well.
+DEMO_ADDR ?= 127.0.0.1:8000
 
 BIN := $(VENV)/bin
 VPY := $(BIN)/python
@@ -61,10 +65,10 @@ demo-venv:
 	@$(MAKE) --no-print-directory venv VENV=$(DEMO_VENV) EXTRAS=demo DJANGO_SPEC= PYTHON=$(PYTHON)
 
 demo: demo-venv
-	VENV=$(DEMO_VENV) bash scripts/demo.sh
+	VENV=$(DEMO_VENV) DEMO_ADDR=$(DEMO_ADDR) bash scripts/demo.sh
 
 demo-reset: demo-venv
-	VENV=$(DEMO_VENV) bash scripts/demo.sh --reset
+	VENV=$(DEMO_VENV) DEMO_ADDR=$(DEMO_ADDR) bash scripts/demo.sh --reset
 
 seed: demo-venv
 	$(DEMO_VENV)/bin/python manage.py migrate --noinput

@@ -115,8 +115,12 @@ else:
     EMAIL_BACKEND = _MAIL_BACKEND
     EMAIL_FILE_PATH = _MAIL_PATH
 
-# The fake CRM the demo's sync_crm handler posts to (served by this project itself).
-CRM_URL = env("CRM_URL", default="http://127.0.0.1:8000/fake-crm/contacts/")
+# The fake CRM the demo's sync_crm handler posts to: served by this project itself, so by
+# default at the demo's own address (DEMO_ADDR, which scripts/demo.sh exports to its processes).
+DEMO_ADDR = env("DEMO_ADDR", default="127.0.0.1:8000")
+if ":" not in DEMO_ADDR:
+    DEMO_ADDR = f"127.0.0.1:{DEMO_ADDR}"  # a bare port, as runserver takes it
+CRM_URL = env("CRM_URL", default=f"http://{DEMO_ADDR}/fake-crm/contacts/")
 
 REDIS_URL = env("REDIS_URL", default="")
 Q_CLUSTER: dict[str, object] = {

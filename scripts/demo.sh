@@ -4,21 +4,46 @@
 #
 #   scripts/demo.sh           run the demo (make demo)
 #   scripts/demo.sh --reset   delete the demo database and .mail/, migrate and seed again, exit
-#                             (make demo-reset; the demo must not be running)
+#                             (make demo-reset; refused while the demo runs, on any address)
 #
-# Environment: VENV (default .venv-demo), DEMO_ADDR (default 127.0.0.1:8000),
-# DEMO_ADMIN_PASSWORD / DEMO_AUDITOR_PASSWORD (generated and kept in .demo-credentials if unset).
+# Environment: VENV (default .venv-demo), DEMO_ADDR (default 127.0.0.1:8000; exported, so the
+# demo's CRM jobs post to this address), DEMO_ADMIN_PASSWORD / DEMO_AUDITOR_PASSWORD (generated
+# and kept in .demo-credentials if unset).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-demo}
 PY="$VENV/bin/python"
 ADDR=${DEMO_ADDR:-127.0.0.1:8000}
+case "$ADDR" in *:*) ;; *) ADDR="127.0.0.1:$ADDR" ;; esac  # a bare port, as runserver takes it
+export DEMO_ADDR="$ADDR"
 URL="http://$ADDR/admin/"
 DEMO_DB="$(pwd)/db.sqlite3"
+# "<pid> <address>" of the running demo: a reset refuses while it names a live demo, whatever
+# DEMO_ADDR the reset was given.
+PIDFILE="$(pwd)/.demo.pid"
 
 if [ ! -x "$PY" ]; then
     echo "error: $PY not found: run 'make demo' (it creates the venv)" >&2
+    exit 1
+fi
+
+running_demo() {
+    # Prints "<pid> <address>" when the pid file names a demo that still runs (not a stale file,
+    # nor a pid reused by another program).
+    local pid addr
+    [ -f "$PIDFILE" ] || return 1
+    read -r pid addr < "$PIDFILE" || return 1
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    ps -p "$pid" -o args= 2>/dev/null | grep -q "scripts/demo.sh" || return 1
+    echo "$pid $addr"
+}
+if demo=$(running_demo); then
+    if [ "${1:-}" = "--reset" ]; then
+        echo "error: the demo runs (pid ${demo% *}, on ${demo#* }): stop the demo (Ctrl-C) before resetting it" >&2
+    else
+        echo "error: the demo already runs (pid ${demo% *}, on ${demo#* }): one demo per checkout" >&2
+    fi
     exit 1
 fi
 if "$PY" - "$ADDR" <<'EOF'
@@ -56,6 +81,8 @@ print(settings.DATABASES["default"]["NAME"])')
     exit 0
 fi
 
+echo "$$ $ADDR" > "$PIDFILE"
+trap 'rm -f "$PIDFILE"' EXIT
 "$PY" manage.py migrate --noinput
 CREDENTIALS=$("$PY" manage.py seed_demo)
 echo "$CREDENTIALS"
@@ -92,6 +119,7 @@ stop() {
         done
     fi
     wait 2>/dev/null || true
+    rm -f "$PIDFILE"
     echo "stopped."
 }
 trap 'stop; exit 130' INT

@@ -64,9 +64,11 @@ def send_welcome(ctx: HandlerContext) -> None:
 def erase_customer(ctx: HandlerContext) -> None:
     """Internal, queued on delete: remove what the demo derived from the customer.
 
-    It runs on the tombstone, after the jobs queued before the delete (same lane), so a sheet row
-    one of them wrote is cleared too. A re-created customer is another generation: this job is
-    then rejected, and the new customer's data stays.
+    It runs on the tombstone, after the jobs of the customer's lane that were due at the delete,
+    so a sheet row one of them wrote is cleared too. A job delayed past the delete takes its place
+    in the lane when it is due, after this one, and writes nothing (its record is a tombstone). A
+    re-created customer is another generation: this job is then rejected, and the new customer's
+    data stays.
     """
     ctx.write(SheetRow.objects.filter(customer_id=ctx.record.pk), name_hash="", synced_version=None)
     erase_welcome_mail(ctx.record.reference)

@@ -1,15 +1,22 @@
 """The demo's environment and reset, in a copy of this checkout (tracked and new files, as a fresh
 clone would have them): ``make demo-venv`` installs the app, django-q2 and the ``[demo]`` extra
-and none of the dev tools; ``make demo-reset`` starts the demo's data over; the README's literal
-re-create command stores the values it shows."""
+and none of the dev tools; ``make demo-reset`` starts the demo's data over, and refuses while the
+demo runs on any address; the demo's CRM jobs post to the demo's own address; the README's demo
+walk-through, followed with a real ``make demo``, shows the four race cases it says."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +30,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(settings.BASE_DIR)
 DEMO_PACKAGES = {"django", "django-q2", "django-environ", "tqdm", "django-tombstone-guard"}
 DEV_TOOLS = {"pytest", "playwright", "mypy", "ruff", "django-stubs", "hypothesis", "psycopg"}
+# The test run's own variables: the demo must not see them (it would post to another CRM, or use
+# another database).
+PRIVATE_ENV = ("DATABASE_URL", "REDIS_URL", "DEMO_ADDR", "CRM_URL", "TEST_DB_SUFFIX", "Q_NAME")
 CUSTOMER = """
 from project.customers.models import Customer
 c = Customer.all_objects.get(reference="C-1001")
@@ -58,7 +68,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run(
     checkout: Path, *args: str, check: bool = True, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    base = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
     done = subprocess.run(
         list(args),
         cwd=checkout,
@@ -133,3 +143,151 @@ def test_demo__reset_refuses_while_the_demo_listens(checkout: Path) -> None:
         refused = run(checkout, "make", "demo-reset", check=False, DEMO_ADDR=addr)
     assert refused.returncode != 0
     assert "stop the demo (Ctrl-C) before resetting it" in refused.stderr
+
+
+def demo_venv(checkout: Path) -> str:
+    venv_python = checkout / ".venv-demo" / "bin" / "python"
+    if not venv_python.exists():
+        python = getattr(sys, "_base_executable", sys.executable)
+        run(checkout, "make", "demo-venv", f"PYTHON={python}")
+    return str(venv_python)
+
+
+@contextlib.contextmanager
+def running_demo(checkout: Path, addr: str, log: Path) -> Iterator[None]:
+    """``make demo DEMO_ADDR=addr`` until its admin answers; stopped with Ctrl-C (SIGINT)."""
+    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+    env.update(DEMO_ADMIN_PASSWORD="x-Test-only-1", DEMO_AUDITOR_PASSWORD="x-Test-only-2")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["make", "demo", f"DEMO_ADDR={addr}"],
+            cwd=checkout,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                assert proc.poll() is None, f"make demo exited:\n{log.read_text()}"
+                try:
+                    urllib.request.urlopen(f"http://{addr}/admin/login/", timeout=2)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"no demo on {addr}:\n{log.read_text()}"
+                    time.sleep(0.5)
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(40)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def shell(checkout: Path, code: str) -> str:
+    python = str(checkout / ".venv-demo" / "bin" / "python")
+    return run(checkout, python, "manage.py", "shell", "-c", code).stdout
+
+
+def wait_until(checkout: Path, code: str, expected: str, log: Path, timeout: float = 90) -> str:
+    """Run ``code`` in the demo's shell until its output holds ``expected``; bounded."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = shell(checkout, code)
+        if expected in seen:
+            return seen
+        time.sleep(0.5)
+    pytest.fail(f"never saw {expected!r}; last output:\n{seen}\ndemo:\n{log.read_text()}")
+
+
+JOBS = """
+from tombstones.models import Job
+for job in Job.objects.order_by("id"):
+    print(job.pk, job.handler, job.status, job.reason or "-", job.attempts)
+"""
+
+
+def test_demo__on_another_address_a_reset_refuses_and_crm_jobs_post_to_the_demo(
+    checkout: Path, tmp_path: Path
+) -> None:
+    demo_venv(checkout)
+    addr, elsewhere = free_address(), free_address()
+    log = tmp_path / "demo.log"
+    with running_demo(checkout, addr, log):
+        # A reset given another address (the default, say) finds nothing listening there: the
+        # running demo's pid file stops it.
+        refused = run(checkout, "make", "demo-reset", check=False, DEMO_ADDR=elsewhere)
+        assert refused.returncode != 0, refused.stdout
+        assert f"on {addr}): stop the demo (Ctrl-C) before resetting it" in refused.stderr
+        count = "from project.customers.models import Customer; print(Customer.objects.count())"
+        assert shell(checkout, count).splitlines()[-1] == "5"  # its data is there
+
+        # The CRM job posts to this demo's fake CRM, not to port 8000.
+        shell(
+            checkout,
+            "import tombstones; from project.customers.models import Customer; "
+            'tombstones.enqueue("customers.sync_crm", Customer.objects.get(reference="C-1002"))',
+        )
+        wait_until(checkout, JOBS, "customers.sync_crm succeeded - 1", log)
+        received = "from project.customers.models import CrmContact; "
+        received += "print(list(CrmContact.objects.values_list('reference', 'deliveries')))"
+        assert shell(checkout, received).splitlines()[-1] == "[('C-1002', 1)]"
+    assert not (checkout / ".demo.pid").exists()
+    assert "demo reset" in run(checkout, "make", "demo-reset", DEMO_ADDR=elsewhere).stdout
+
+
+ADMIN_DELETE = """
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.test.utils import setup_test_environment
+from project.customers.models import Customer
+
+setup_test_environment()  # the test client's host, "testserver", is allowed
+client = Client()
+client.force_login(get_user_model().objects.get(username="admin"))
+customer = Customer.objects.get(reference="C-1001")
+done = client.post(f"/admin/customers/customer/{customer.pk}/delete/", {"post": "yes"})
+print("deleted", done.status_code, Customer.all_objects.get(pk=customer.pk).is_tombstone)
+"""
+
+
+def test_demo__the_readme_walk_through_shows_the_four_race_cases(
+    checkout: Path, tmp_path: Path
+) -> None:
+    """README "The four race cases", step by step, on a running demo; the delays shortened."""
+    demo_venv(checkout)
+    run(checkout, "make", "demo-reset", DEMO_ADDR=free_address())
+    blocks = readme_blocks()
+    enqueue = block(blocks, "demo-enqueue", "sh")
+    delays = re.findall(r"timedelta\(seconds=(\d+)\)", enqueue)
+    assert delays == ["30", "90"], enqueue
+    # Time enough for the admin delete before the first, and for the re-create before the second.
+    enqueue = enqueue.replace("seconds=30", "seconds=12").replace("seconds=90", "seconds=35")
+    log = tmp_path / "demo.log"
+    with running_demo(checkout, free_address(), log):
+        run(checkout, "bash", "-c", enqueue)
+        # 2. The admin's delete (as staff would click it), then 3. the job after the delete.
+        assert "deleted 302 True" in shell(checkout, ADMIN_DELETE)
+        wait_until(checkout, JOBS, "2 customers.update_sheet_row rejected source_deleted", log)
+        # 4. The re-create before the old job: generation_changed.
+        assert "generation_changed" not in shell(checkout, JOBS)
+        run(checkout, "bash", "-c", block(blocks, "demo-recreate", "sh"))
+        wait_until(checkout, JOBS, "generation_changed", log)
+        listed = run(checkout, "bash", "-c", block(blocks, "demo-jobs", "sh")).stdout
+        # The listing as the README shows it (after Django's "N objects imported" line).
+        assert listed.endswith(block(blocks, "demo-jobs-done", "text") + "\n"), listed
+        # Step 2's claim: the erasure (job 4) ran before the job delayed past the delete (job 2).
+        order = "from tombstones.models import Job; e, d = Job.objects.get(pk=4), "
+        order += "Job.objects.get(pk=2); print('erased first', e.finished_at < d.started_at)"
+        assert shell(checkout, order).splitlines()[-1] == "erased first True"
+        # 5. The two cases inside a running job, played by the race fixture.
+        fixture = run(checkout, "bash", "-c", block(blocks, "demo-racefixture", "sh")).stdout
+        lines = [line.rstrip() for line in fixture.splitlines()]
+        for line in block(blocks, "demo-racefixture-cases", "text").splitlines():
+            assert line in lines, fixture

@@ -1,8 +1,9 @@
 """README.md's "Your own project, step by step", followed word for word.
 
-The wheel built from this checkout is installed into a fresh virtualenv outside the repository
-(it stands in for ``pip install django-tombstone-guard``); ``django-admin startproject`` and
-``startapp`` make the project; the README's settings, model, handler and admin blocks are pasted
+A copy of this checkout (its tracked and new files, as a fresh clone has them) sits next to the
+new project as ``../django-tombstone-guard``, and the README's own install line installs it into a
+fresh virtualenv outside the repository; ``django-admin startproject`` and ``startapp`` make the
+project; the README's settings, model, handler and admin blocks are pasted
 where it says; its shell commands run as they are, with a real ``qcluster``. The blocks are read
 from README.md by their ``<!-- readme-test: NAME -->`` markers (tests/readme.py), so a README
 change that breaks the steps breaks this test.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,8 +33,9 @@ from tests.readme import block, readme_blocks
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ROOT = Path(settings.BASE_DIR)
-PACKAGE = "pip install django-tombstone-guard"
-REDIS_PACKAGE = 'pip install "django-tombstone-guard[redis]"'
+CHECKOUT = "django-tombstone-guard"  # the README's name for the checkout, next to the project
+PACKAGE = f"pip install ../{CHECKOUT}"
+REDIS_PACKAGE = f'pip install "../{CHECKOUT}[redis]"'
 # Variables of this test run that must not leak into the new project.
 PRIVATE_ENV = (
     "DJANGO_SETTINGS_MODULE",
@@ -72,19 +75,19 @@ print("deleted", done.status_code, customer.deleted_at is not None, SheetRow.obj
 """
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if connection.vendor != "sqlite":
-        pytest.skip("the README's project runs on SQLite: the SQLite suites run this test")
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)],
+def copy_checkout(to: Path) -> None:
+    """This checkout's tracked and new (not ignored) files, as a fresh clone would have them."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
         check=True,
         capture_output=True,
-        timeout=300,
-    )
-    (found,) = out.glob("django_tombstone_guard-*.whl")
-    return found
+        text=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, to / name)
 
 
 class Site:
@@ -167,15 +170,19 @@ def wait_for_line(site: Site, script: str, expected: str, log: Path, timeout: fl
 
 
 def test_readme__a_new_project_runs_a_job_then_rejects_one_for_a_deleted_customer(
-    wheel: Path, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("the README's project runs on SQLite: the SQLite suites run this test")
     blocks = readme_blocks()
     site = Site(tmp_path)
+    copy_checkout(tmp_path / CHECKOUT)
 
-    # 1. The wheel stands in for the package index.
+    # 1. The README's install line, as it is: the checkout next to the project.
     install = block(blocks, "install", "sh")
     assert install.startswith(f"{PACKAGE}\n"), install
-    site.sh(install.replace(PACKAGE, f"pip install {wheel}", 1))
+    site.sh(install)
+    assert "django-tombstone-guard" in site.sh("pip list --format=freeze").stdout
 
     # Before step 2, as the issue found it: no Q_CLUSTER and no redis package. Check E020 says so.
     settings_py = site.dir / "mysite" / "settings.py"
@@ -221,5 +228,5 @@ def test_readme__a_new_project_runs_a_job_then_rejects_one_for_a_deleted_custome
     assert "(tombstones.E020) Q_CLUSTER selects django-q2's Redis broker" in no_redis.stderr
     redis_install = block(blocks, "redis-install", "sh")
     assert redis_install == REDIS_PACKAGE, redis_install
-    site.sh(f'pip install "{wheel}[redis]"')
+    site.sh(redis_install)
     assert "System check identified no issues" in site.sh("python manage.py check").stdout

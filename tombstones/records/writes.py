@@ -7,7 +7,8 @@ from :mod:`tombstones.exceptions` built from ids and numbers only. The handler's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
@@ -344,17 +345,63 @@ def purge(queryset: models.QuerySet[Any]) -> int:
     return deleted
 
 
-def _delete_tombstones(model: type[models.Model], dead: models.QuerySet[Any]) -> int:
+def purge_blockers(queryset: models.QuerySet[Any]) -> list[str]:
+    """What keeps these tombstones from being purged alone: one phrase per related model, such
+    as ``"customers.SheetRow: 1 live row, on_delete=PROTECT"``; empty when nothing does.
+
+    Django's own ``Collector`` finds the related rows, as it would for the delete: ``PROTECT``
+    and ``RESTRICT`` rows, and rows the delete would cascade to. :func:`purge` refuses exactly
+    when this is not empty, and ``purge_tombstones`` asks it before its dry run and its real run
+    alike, so both keep the same tombstones. Labels and counts only: no row's values.
+    """
     from django.db.models.deletion import Collector
 
+    model = queryset.model
+    dead = models.QuerySet.filter(queryset, deleted_at__isnull=False)
     collector = Collector(using=dead.db, origin=dead)
-    collector.collect(dead)
-    others = [m for m, objs in collector.data.items() if m is not model and objs]
-    cascades = [qs for qs in collector.fast_deletes if qs.model is not model and qs.exists()]
-    if others or cascades:
+    try:
+        collector.collect(dead)
+    except models.ProtectedError as exc:
+        return _blocker_phrases(exc.protected_objects, "PROTECT")
+    except models.RestrictedError as exc:
+        return _blocker_phrases(exc.restricted_objects, "RESTRICT")
+    cascaded: list[Any] = [
+        obj for m, objs in collector.data.items() if m is not model for obj in objs
+    ]
+    phrases = _blocker_phrases(cascaded, "CASCADE")
+    for fast in collector.fast_deletes:
+        count = fast.count() if fast.model is not model else 0
+        if count:
+            phrases.append(f"{fast.model._meta.label}: {count} row(s), on_delete=CASCADE")
+    return phrases
+
+
+def _blocker_phrases(objs: Iterable[Any], how: str) -> list[str]:
+    live: Counter[str] = Counter()
+    dead: Counter[str] = Counter()
+    for obj in objs:
+        label = obj._meta.label
+        if getattr(obj, "deleted_at", None) is None:
+            live[label] += 1
+        else:
+            dead[label] += 1
+    phrases = []
+    for label in sorted(live.keys() | dead.keys()):
+        parts = [
+            f"{n} {kind}"
+            for n, kind in ((live[label], "live row(s)"), (dead[label], "tombstone(s)"))
+            if n
+        ]
+        phrases.append(f"{label}: {', '.join(parts)}, on_delete={how}")
+    return phrases
+
+
+def _delete_tombstones(model: type[models.Model], dead: models.QuerySet[Any]) -> int:
+    blockers = purge_blockers(dead)
+    if blockers:
         raise models.ProtectedError(
-            f"Purging {model._meta.label} tombstones would cascade to other rows; "
-            "tombstone or detach those first.",
+            f"Purging {model._meta.label} tombstones would delete or orphan other rows "
+            f"({'; '.join(blockers)}); tombstone, delete or detach those first.",
             set(),
         )
     deleted, _ = models.QuerySet.delete(dead)

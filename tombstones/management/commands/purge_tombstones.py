@@ -32,14 +32,26 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         db = database_alias(options)
+        verbosity = options["verbosity"]
         targets = self._models(options["model"])
+        # One plan, made before anything is removed, for the dry run and the real run alike: the
+        # real run removes only what its plan lists (re-checked as it goes), so both say the same.
         plans = [self._plan(model, db) for model in targets]
         total = sum(len(p["purgeable"]) for p in plans)
         for plan in plans:
             self.stdout.write(
-                f"{plan['label']}: {len(plan['purgeable'])} past retention and unreferenced; "
-                f"kept {plan['young']} younger than retention, "
-                f"{plan['referenced']} referenced by unfinished jobs"
+                f"{plan['label']}: {len(plan['purgeable'])} past retention, unreferenced and "
+                f"unprotected; kept {plan['young']} younger than retention, "
+                f"{plan['referenced']} referenced by unfinished jobs, "
+                f"{len(plan['protected'])} protected by related rows"
+            )
+            if verbosity >= 1:
+                for identity, blockers in plan["protected"]:
+                    self.stdout.write(f"  kept {identity}: protected by {'; '.join(blockers)}")
+        if any(plan["protected"] for plan in plans) and verbosity >= 1:
+            self.stdout.write(
+                "A tombstone is kept while related rows point to it: delete or detach them, or "
+                "keep it (see 'Tombstones that related rows protect' in docs/records.md)."
             )
         if not total:
             self.stdout.write("Nothing to remove.")
@@ -57,7 +69,8 @@ class Command(BaseCommand):
             removed += removed_here
             if protected:
                 self.stdout.write(
-                    f"{plan['label']}: kept {protected} protected by related rows (on_delete)"
+                    f"{plan['label']}: kept {protected} more, protected by related rows written "
+                    "since the plan"
                 )
         self.stdout.write(self.style.SUCCESS(f"Removed {removed} tombstone(s)."))
 
@@ -85,15 +98,39 @@ class Command(BaseCommand):
         cutoff = Now() - Value(tombstone_settings.RETENTION)
         dead = model.tombstones.using(db)
         old = dead.filter(deleted_at__lt=cutoff)
+        candidates = list(old.filter(~referenced).order_by("pk").values_list("pk", flat=True))
+        purgeable, protected = self._unprotected(model, candidates, db)
         return {
             "label": model._meta.label,
             "model": model,
             "referenced_q": referenced,
             "cutoff": cutoff,
-            "purgeable": list(old.filter(~referenced).values_list("pk", flat=True)),
+            "purgeable": purgeable,
+            "protected": protected,
             "young": dead.filter(deleted_at__gte=cutoff).count(),
             "referenced": old.filter(referenced).count(),
         }
+
+    def _unprotected(
+        self, model: type[TombstoneModel], pks: list[Any], db: str
+    ) -> tuple[list[Any], list[tuple[str, list[str]]]]:
+        """The pks nothing protects, and the identity and blockers of the others: asked as the
+        purge itself asks (writes.purge_blockers), all at once, then one by one if any is."""
+        dead = model.tombstones.using(db)
+        purgeable: list[Any] = []
+        protected: list[tuple[str, list[str]]] = []
+        for start in range(0, len(pks), writes.PK_CHUNK):
+            chunk = pks[start : start + writes.PK_CHUNK]
+            if not writes.purge_blockers(dead.filter(pk__in=chunk)):
+                purgeable += chunk
+                continue
+            for tomb in dead.filter(pk__in=chunk).order_by("pk"):
+                blockers = writes.purge_blockers(dead.filter(pk=tomb.pk))
+                if blockers:
+                    protected.append((tomb.tombstone_identity(), blockers))
+                else:
+                    purgeable.append(tomb.pk)
+        return purgeable, protected
 
     def _purge(self, plan: dict[str, Any], db: str) -> tuple[int, int]:
         model = plan["model"]
