@@ -69,8 +69,6 @@ def test_plans__claim_outcome_and_sweep_use_indexes_on_a_full_ledger(postgres_on
     assert job_indexes() >= UNFINISHED_ONLY
     others = job_indexes() - UNFINISHED_ONLY
     wide = [
-        (sorted(used), sql)
-        for sql, plan in checked
-        if (used := set(INDEX.findall(plan)) & others)
+        (sorted(used), sql) for sql, plan in checked if (used := set(INDEX.findall(plan)) & others)
     ]
     assert wide == [], "\n\n".join(f"{used}: {sql[:400]}" for used, sql in wide)
