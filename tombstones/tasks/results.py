@@ -61,10 +61,14 @@ def errors_of(job: Job) -> list[TaskError]:
         return []
     # An uncertain end is uncertain whatever its reason (deleted_during_send: sent all the same).
     cls = STATUS_ERROR_CLASSES.get(job.status) or ERROR_CLASSES.get(job.reason)
+    found = (
+        f"found g{job.found_generation}/v{job.found_version}"
+        if job.found_generation is not None
+        else "nothing found"  # ended before its check read the record
+    )
     text = (
         f"job {job.pk} {job.status}: {job.reason or '-'} "
-        f"(expected g{job.generation}/v{job.version}, "
-        f"found g{job.found_generation}/v{job.found_version})"
+        f"(expected g{job.generation}/v{job.version}, {found})"
     )
     if job.error_class:
         text += f"; the handler raised {job.error_class}"
