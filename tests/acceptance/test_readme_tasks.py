@@ -1,10 +1,10 @@
 """README.md's "With Django's tasks framework", followed word for word.
 
-As tests/acceptance/test_readme.py (whose wheel, virtualenv and shell it reuses): the wheel built
-from this checkout in a fresh virtualenv, ``startproject``, the step-by-step section's blocks up to
-step 9 (the section starts from there), then this section's blocks: ``TASKS`` in the settings,
-the task module, and its shell commands with a real ``qcluster``. Their printed output must be
-what the README shows.
+As tests/acceptance/test_readme.py (whose virtualenv and shell it reuses), through the README's
+other install line: the wheel built from this checkout, in a fresh virtualenv; ``startproject``,
+the step-by-step section's blocks up to step 9 (the section starts from there), then this
+section's blocks: ``TASKS`` in the settings, the task module, and its shell commands with a real
+``qcluster``. Their printed output must be what the README shows.
 
 The virtualenv gets the Django pip picks for the suite's Python: Django 6 on Python 3.12+ (CI's
 Django 6 suite), where the section runs as written; Django 5.2 on Python 3.11 (CI's Django 5.2
@@ -16,22 +16,43 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_readme import (  # the same wheel, virtualenv and shell
+from tests.acceptance.test_readme import (  # the same virtualenv and shell
+    CHECKOUT,
     PACKAGE,
+    ROOT,
     Site,
     wait_for_line,
-    wheel,  # noqa: F401 - a fixture, used by name
 )
 from tests.readme import block, readme_blocks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-TASKS_EXTRA = 'pip install "django-tombstone-guard[tasks]"'
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's other install: the wheel built from this checkout (``make wheel``)."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the README's project runs on SQLite: the SQLite suites run this test")
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (found,) = out.glob("django_tombstone_guard-*.whl")
+    return found
+
+TASKS_EXTRA = f'pip install "../{CHECKOUT}[tasks]"'
 DJANGO_TASK_IMPORT = "from django.tasks import task"
 # Outside the README's text: what the test checks beyond its printed output (manage.py shell).
 DJANGO_MAJOR = "python -c 'import django; print(django.VERSION[0])'"
@@ -104,13 +125,13 @@ def wait_for_output(site: Site, script: str, expected: str, log: Path, timeout: 
 
 
 def test_readme_tasks__a_django_task_runs_then_is_rejected_for_a_deleted_customer(
-    wheel: Path,  # noqa: F811 - the fixture imported above
+    wheel: Path,
     tmp_path: Path,
 ) -> None:
     blocks = readme_blocks()
     site = Site(tmp_path)
 
-    # Step 1 of the walk-through, the wheel standing in for the package index.
+    # Step 1 of the walk-through, by its other install line: the wheel of this checkout.
     install = block(blocks, "install", "sh")
     assert install.startswith(f"{PACKAGE}\n"), install
     site.sh(install.replace(PACKAGE, f"pip install {wheel}", 1))
