@@ -1,5 +1,5 @@
-"""The project without its own apps (no module of it imports a task), with a TASKS backend its checks refuse: nothing
-imports a task at startup (tests/integration/test_tasks.py runs ``manage.py check`` with it)."""
+"""The project without its own apps, with a TASKS backend its checks refuse: nothing imports a
+task at startup (tests/integration/test_tasks.py runs ``manage.py check`` with it)."""
 
 from project.settings import *  # noqa: F403
 

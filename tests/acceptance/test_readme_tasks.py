@@ -52,6 +52,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (found,) = out.glob("django_tombstone_guard-*.whl")
     return found
 
+
 TASKS_EXTRA = f'pip install "../{CHECKOUT}[tasks]"'
 DJANGO_TASK_IMPORT = "from django.tasks import task"
 # Outside the README's text: what the test checks beyond its printed output (manage.py shell).
