@@ -26,7 +26,7 @@ from django.utils.translation import gettext_lazy
 
 from ..jobs import ledger
 from ..jobs.models import Job, JobEvent, Rejection
-from .display import time_html
+from .display import time_column
 
 # The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
 _MAX_ID_DIGITS = 18
@@ -68,6 +68,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     """
 
     extra_lookups: tuple[str, ...] = ()
+    object_history_template = "tombstones/admin/object_history.html"
 
     class Media:
         css = {"all": ("tombstones/admin.css",)}
@@ -128,17 +129,6 @@ def timeline_url(content_type_id: int, object_id: str) -> str:
 def _record_link(obj: Job | JobEvent) -> str:
     url = timeline_url(obj.content_type_id, obj.object_id)
     return format_html('<a href="{}">{}</a>', url, record_ref(obj))
-
-
-def time_column(field: str, description: Any) -> Callable[[Any, Any], str]:
-    """An admin column or read-only field showing ``field`` in the audit's one time format."""
-
-    @admin.display(description=description, ordering=field)
-    def column(self: Any, obj: Any) -> str:
-        return time_html(getattr(obj, field))
-
-    column.__name__ = field
-    return column
 
 
 def breakable(name: str) -> str:
