@@ -16,7 +16,7 @@ from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -27,34 +27,7 @@ from django.utils.translation import gettext_lazy
 from ..jobs import ledger
 from ..jobs.models import Job, JobEvent, Rejection
 from .display import time_column
-
-# The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
-_MAX_ID_DIGITS = 18
-
-
-def search_ids(queryset: QuerySet[Any], term: str, job_field: str) -> QuerySet[Any]:
-    """Search by job id (``42``, ``#42``) or record pk (``7``, ``customers.customer:7``).
-
-    Exact matches on ids only: no lookup ever touches params or the record's fields.
-    """
-    term = term.strip()
-    if not term:
-        return queryset
-    if term.startswith("#"):
-        digits = term[1:]
-        if digits.isdigit() and len(digits) <= _MAX_ID_DIGITS:
-            return queryset.filter(**{job_field: int(digits)})
-        return queryset.none()
-    if ":" in term:
-        label, _, pk = term.rpartition(":")
-        app_label, _, model = label.lower().partition(".")
-        return queryset.filter(
-            content_type__app_label=app_label, content_type__model=model, object_id=pk
-        )
-    match = Q(object_id=term)
-    if term.isdigit() and len(term) <= _MAX_ID_DIGITS:
-        match |= Q(**{job_field: int(term)})
-    return queryset.filter(match)
+from .search import search_ids
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
