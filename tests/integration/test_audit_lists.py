@@ -1,18 +1,22 @@
-"""The audit lists' search: the Jobs list finds a record's jobs by its business key (never by a
-personal one)."""
+"""The audit lists' filters, counts and search: a filter offers only the values its list holds, a
+filtered list does not count the whole table again, and the Jobs list finds a record's jobs by
+its business key (never by a personal one)."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from project.customers.models import Customer, SheetRow
 from tests.factories import CustomerFactory
 from tests.jobkit import run
+from tombstones.admin.filters import occurring
 from tombstones.jobs.enqueue import enqueue
-from tombstones.models import Job
+from tombstones.models import Job, JobEvent, Rejection
 from tombstones.records.options import TombstoneOptions
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +71,77 @@ def _offered(client: Client, name: str, title: str) -> list[str]:
     changelist = response.context["cl"]
     specs = [f for f in changelist.filter_specs if str(f.title) == title and f.has_output()]
     return [str(choice["display"]) for spec in specs for choice in spec.choices(changelist)]
+
+
+# --- filters -------------------------------------------------------------------------------------
+
+
+def test_reason_filter__offers_only_the_reasons_its_list_holds(
+    staff_client: Client, rejections: list[Job]
+) -> None:
+    # "All", then the reasons that occur, in their declared order (17 reasons exist).
+    assert len(Reason.choices) > 10
+    assert _offered(staff_client, "rejection", "reason") == [
+        "All",
+        "Source Deleted",
+        "Generation Changed",
+    ]
+    # The Jobs and event lists also hold jobs and events without a reason ("-").
+    assert _offered(staff_client, "job", "reason") == [
+        "All",
+        "-",
+        "Source Deleted",
+        "Generation Changed",
+    ]
+    assert _offered(staff_client, "jobevent", "reason") == _offered(staff_client, "job", "reason")
+    assert _offered(staff_client, "job", "status") == ["All", "Succeeded", "Rejected"]
+    assert "Claimed" in _offered(staff_client, "jobevent", "event")
+    assert "Cancelled" not in _offered(staff_client, "jobevent", "event")
+    # Django's own parameter still filters, so old links keep working.
+    response = staff_client.get(
+        reverse("admin:tombstones_rejection_changelist"), {"reason__exact": "generation_changed"}
+    )
+    assert [r.job_id for r in response.context["cl"].result_list] == [rejections[-1].pk]
+
+
+def test_reason_filter__is_not_shown_while_its_list_is_empty(staff_client: Client) -> None:
+    assert _offered(staff_client, "rejection", "reason") == []
+    job = enqueue("customers.update_sheet_row", CustomerFactory())
+    # Events without a reason, but no rejection (a job that succeeds at once stores none).
+    JobEvent.objects.create(
+        job=job, content_type=job.content_type, object_id=job.object_id, event="claimed"
+    )
+    assert not Rejection.objects.exists()
+    assert _offered(staff_client, "rejection", "reason") == []
+    assert _offered(staff_client, "jobevent", "reason") == ["All", "-"]
+
+
+def test_occurring__asks_every_value_in_one_query(rejections: list[Job]) -> None:
+    values = [value for value, _label in Reason.choices]
+    with CaptureQueriesContext(connection) as queries:
+        found = occurring(Rejection.objects.all(), "reason", values)
+    assert found == {Reason.SOURCE_DELETED, Reason.GENERATION_CHANGED}
+    assert len(queries.captured_queries) == 1
+    assert "DISTINCT" not in queries.captured_queries[0]["sql"].upper()
+
+
+# --- counts --------------------------------------------------------------------------------------
+
+
+def test_rejection_log__a_filtered_list_does_not_count_the_whole_table(
+    staff_client: Client, rejections: list[Job]
+) -> None:
+    url = reverse("admin:tombstones_rejection_changelist")
+    with CaptureQueriesContext(connection) as queries:
+        response = staff_client.get(url, {"reason__exact": "source_deleted"})
+    html = response.content.decode()
+    assert response.context["cl"].result_count == 4
+    assert "4 results" in html
+    assert "5 total" not in html
+    assert "Show all" in html  # back to the whole list
+    counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert len(counts) == 1, counts  # the filtered list's own count only
+    assert "source_deleted" in counts[0]
 
 
 # --- business-key search -------------------------------------------------------------------------
