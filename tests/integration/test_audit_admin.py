@@ -244,7 +244,7 @@ def test_rejection_log__lists_rejections_only_with_expected_and_found(
     assert (row.expected_generation, row.expected_version) == (1, 1)
     assert (row.found_generation, row.found_version) == (1, 2)  # the delete bumped the version
     assert "source_deleted" in page
-    assert f"customers.customer:{planted.pk}" in page
+    assert f"customers.customer:{planted.pk}" in page.replace("<wbr>", "")  # may wrap at a dot
     _assert_no_pii(page, "rejection log")
 
     filtered = staff_client.get(
@@ -266,7 +266,10 @@ def test_rejection_log__csv_has_the_list_columns_and_its_filters(
     rows = list(csv.reader(io.StringIO(text)))
     listing = staff_client.get(reverse("admin:tombstones_rejection_changelist"))
     headers = [str(h["text"]) for h in _result_headers(listing)]
-    assert rows[0] == headers
+    # The list's columns, its g1/v2 snapshots as their two numbers each.
+    split = {"expected": ["expected generation", "expected version"]}
+    split["found"] = ["found generation", "found version"]
+    assert rows[0] == [name for header in headers for name in split.get(header, [header])]
     assert rows[0] == [
         "timestamp",
         "reason",
@@ -673,7 +676,7 @@ def test_auditor__sees_every_audit_page_without_personal_data_and_no_actions(
     detail = _html(auditor_client.get(rejection_page))
     assert "source_deleted" in detail
     assert reverse("admin:tombstones_job_change", args=(rejected.pk,)) in detail
-    assert f"customers.customer:{planted.pk}" in detail
+    assert f"customers.customer:{planted.pk}" in detail.replace("<wbr>", "")
     csv_text = auditor_client.get(reverse("admin:tombstones_rejection_export")).content.decode()
     assert str(rejected.pk) in csv_text
     # No business records at all, so no personal fields.

@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from project.customers.models import Customer
 from tests.factories import CustomerFactory
 from tests.jobkit import claim, run
 from tests.jobkit import record as record_outcome
@@ -59,6 +61,54 @@ def test_times__lists_detail_and_event_tables_share_one_format_with_seconds(
     # The job's own times (created, started, finished) and each of its events.
     assert len(ONE_FORMAT.findall(detail)) >= 3 + job.events.count()
     assert Job.objects.count() == 2
+
+
+def test_times__tombstone_admin_and_history_pages_use_the_same_format(
+    admin_client: Client, staff_client: Client
+) -> None:
+    customer = CustomerFactory()
+    # Through the admin, so that the record's History has an entry.
+    delete = reverse("admin:customers_customer_delete", args=(customer.pk,))
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
+    job = enqueue("customers.update_sheet_row", CustomerFactory())
+    cancel = reverse("admin:tombstones_job_act", args=(job.pk, "cancel"))
+    assert staff_client.post(cancel, {"confirm": "yes", "seen_status": "queued"}).status_code == 302
+    changelist = reverse("admin:customers_customer_changelist")
+    for client, url in (
+        (admin_client, changelist + "?records=tombstones"),
+        (admin_client, changelist + "?records=all"),
+        (admin_client, reverse("admin:customers_customer_change", args=(customer.pk,))),
+        (admin_client, reverse("admin:customers_customer_history", args=(customer.pk,))),
+        (staff_client, reverse("admin:tombstones_job_history", args=(job.pk,))),
+    ):
+        html = _page(client, url)
+        assert not DJANGO_DATETIME.search(html), (url, DJANGO_DATETIME.search(html))
+        assert ONE_FORMAT.search(html), url
+    # The tombstone's note says when it was deleted, to the second.
+    tombstone = _page(admin_client, reverse("admin:customers_customer_change", args=(customer.pk,)))
+    note = re.search(r'class="errornote tombstone-note">(.*?)</p>', tombstone, re.S)
+    assert note
+    assert ONE_FORMAT.search(note.group(1))
+
+
+@pytest.mark.parametrize("declared", ["fieldsets", "readonly_fields"])
+def test_times__a_subclass_naming_deleted_at_gets_the_same_format_once(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch, declared: str
+) -> None:
+    customer_admin = admin.site._registry[Customer]
+    if declared == "fieldsets":
+        fieldsets = [(None, {"fields": ["reference", ("name", "email"), "deleted_at"]})]
+        monkeypatch.setattr(customer_admin, "fieldsets", fieldsets)
+    else:
+        monkeypatch.setattr(customer_admin, "readonly_fields", ("deleted_at",))
+    monkeypatch.setattr(customer_admin, "list_display", ("reference", "deleted_at"))
+    customer = CustomerFactory()
+    html = _page(admin_client, reverse("admin:customers_customer_change", args=(customer.pk,)))
+    assert html.count("Deleted at:") == 1  # its one read-only field, "-" while live
+    assert "field-deleted_at" not in html
+    listing = _page(admin_client, reverse("admin:customers_customer_changelist"))
+    assert "column-deleted" in listing
+    assert "column-deleted_at" not in listing
 
 
 def _field(html: str, name: str) -> str:

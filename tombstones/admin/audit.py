@@ -16,7 +16,7 @@ from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -26,35 +26,9 @@ from django.utils.translation import gettext_lazy
 
 from ..jobs import ledger
 from ..jobs.models import Job, JobEvent, Rejection
-from .display import time_html
-
-# The longest all-digit term tried as a job id (a bigint has 19 digits; beyond, it is no id).
-_MAX_ID_DIGITS = 18
-
-
-def search_ids(queryset: QuerySet[Any], term: str, job_field: str) -> QuerySet[Any]:
-    """Search by job id (``42``, ``#42``) or record pk (``7``, ``customers.customer:7``).
-
-    Exact matches on ids only: no lookup ever touches params or the record's fields.
-    """
-    term = term.strip()
-    if not term:
-        return queryset
-    if term.startswith("#"):
-        digits = term[1:]
-        if digits.isdigit() and len(digits) <= _MAX_ID_DIGITS:
-            return queryset.filter(**{job_field: int(digits)})
-        return queryset.none()
-    if ":" in term:
-        label, _, pk = term.rpartition(":")
-        app_label, _, model = label.lower().partition(".")
-        return queryset.filter(
-            content_type__app_label=app_label, content_type__model=model, object_id=pk
-        )
-    match = Q(object_id=term)
-    if term.isdigit() and len(term) <= _MAX_ID_DIGITS:
-        match |= Q(**{job_field: int(term)})
-    return queryset.filter(match)
+from .display import time_column
+from .filters import EventFilter, ReasonFilter, RejectionReasonFilter
+from .search import search_ids
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -68,6 +42,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     """
 
     extra_lookups: tuple[str, ...] = ()
+    object_history_template = "tombstones/admin/object_history.html"
 
     class Media:
         css = {"all": ("tombstones/admin.css",)}
@@ -126,19 +101,9 @@ def timeline_url(content_type_id: int, object_id: str) -> str:
 
 
 def _record_link(obj: Job | JobEvent) -> str:
+    # The reference may wrap after its dot in a narrow column.
     url = timeline_url(obj.content_type_id, obj.object_id)
-    return format_html('<a href="{}">{}</a>', url, record_ref(obj))
-
-
-def time_column(field: str, description: Any) -> Callable[[Any, Any], str]:
-    """An admin column or read-only field showing ``field`` in the audit's one time format."""
-
-    @admin.display(description=description, ordering=field)
-    def column(self: Any, obj: Any) -> str:
-        return time_html(getattr(obj, field))
-
-    column.__name__ = field
-    return column
+    return format_html('<a href="{}">{}</a>', url, breakable(record_ref(obj)))
 
 
 def breakable(name: str) -> str:
@@ -148,6 +113,11 @@ def breakable(name: str) -> str:
 
 class AuditColumns(ReadOnlyAdmin):
     """Columns the job audit, the event log and the rejection log share: ids and codes only."""
+
+    # A filtered list reads "4 results (Show all)", not "4 results (5 total)": the total was a
+    # second count of the whole (append-only, large) table on every filtered page, and read as
+    # if the list held something it did not show. The list's own counter says what it holds.
+    show_full_result_count = False
 
     @admin.display(description=gettext_lazy("record"), ordering="object_id")
     def record(self, obj: Job | JobEvent) -> str:
@@ -161,11 +131,16 @@ class AuditColumns(ReadOnlyAdmin):
     def found(self, obj: Job | JobEvent) -> str:
         return generation_version(obj.found_generation, obj.found_version)
 
+    @admin.display(description=gettext_lazy("expected"))
+    def expected(self, obj: JobEvent) -> str:
+        return generation_version(obj.expected_generation, obj.expected_version)
+
 
 @admin.register(JobEvent)
 class JobEventAdmin(AuditColumns):
+    # At 1280 px beside the filters: the time links to the event (its own id says nothing the
+    # time and the job do not).
     list_display = (
-        "id",
         "created",
         "event",
         "job_link",
@@ -174,11 +149,12 @@ class JobEventAdmin(AuditColumns):
         "expected",
         "found",
     )
-    list_filter = ("event", "reason", "created_at")
+    list_display_links = ("created",)
+    list_filter = (EventFilter, ReasonFilter, "created_at")
     search_fields = ("=object_id",)
     search_help_text = gettext_lazy("Job id (#42) or record pk (7 or customers.customer:7).")
     list_select_related = ("content_type",)
-    fields = (*list_display, "worker")
+    fields = ("id", *list_display, "worker")
     readonly_fields = fields
 
     created = time_column("created_at", gettext_lazy("created"))
@@ -192,10 +168,6 @@ class JobEventAdmin(AuditColumns):
     def job_link(self, obj: JobEvent) -> str:
         url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
-
-    @admin.display(description=gettext_lazy("expected"))
-    def expected(self, obj: JobEvent) -> str:
-        return generation_version(obj.expected_generation, obj.expected_version)
 
 
 def _csv_cell(value: Any) -> str:
@@ -219,18 +191,19 @@ REJECTION_COLUMNS: tuple[tuple[str, Callable[[Rejection], Any]], ...] = (
 
 @admin.register(Rejection)
 class RejectionAdmin(AuditColumns):
+    # What a rejection is about, at 1280 px beside the filters: the (generation, version) the job
+    # expected and the one it found, each as one ``g1/v2`` column as in the event log (the CSV
+    # keeps the four numbers apart).
     list_display = (
         "timestamp",
         "reason_code",
         "job_link",
         "record",
-        "expected_generation",
-        "expected_version",
-        "found_generation",
-        "found_version",
+        "expected",
+        "found",
     )
     list_display_links = ("timestamp",)
-    list_filter = ("reason", "created_at")
+    list_filter = (RejectionReasonFilter, "created_at")
     search_fields = ("=object_id",)
     search_help_text = gettext_lazy("Job id (#42) or record pk (7 or customers.customer:7).")
     list_select_related = ("content_type",)

@@ -1,15 +1,19 @@
 """How the admin shows times: one format, with seconds, in the current time zone.
 
-Every time column, read-only field and event table of the job audit goes through
-:func:`time_html` (templates through the ``tg_time`` filter of ``tombstones_admin``), so lists and
-event tables agree. The full ISO timestamp, microseconds included, stays in the ``datetime``
-attribute for anyone who needs the exact order.
+Every time column, read-only field and event table of the job audit, and the ``TombstoneAdmin``
+pages (the ``deleted_at`` column and field, the record's History), go through :func:`time_html`
+(columns through :func:`time_column`, templates through the ``tg_time`` filter of
+``tombstones_admin``), so every page agrees. The full ISO timestamp, microseconds included,
+stays in the ``datetime`` attribute for anyone who needs the exact order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -42,6 +46,17 @@ def time_html(value: datetime | None) -> SafeString | str:
         local.strftime(DATE_FORMAT),
         local.strftime(TIME_FORMAT),
     )
+
+
+def time_column(field: str, description: Any) -> Callable[[Any, Any], str]:
+    """An admin column or read-only field showing ``field`` in the one time format."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        return time_html(getattr(obj, field))
+
+    column.__name__ = field
+    return column
 
 
 def format_duration(value: timedelta | None) -> str:

@@ -31,11 +31,12 @@ from .audit import (
     breakable,
     generation_version,
     record_ref,
-    search_ids,
     time_column,
     timeline_url,
 )
 from .bulk_actions import StaffActionsMixin, log_message
+from .filters import ReasonFilter, StatusFilter
+from .search import search_jobs
 
 
 @admin.register(Job)
@@ -53,9 +54,12 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
         "started",
         "finished",
     )
-    list_filter = ("status", "reason", "handler", "created_at")
+    list_filter = (StatusFilter, ReasonFilter, "handler", "created_at")
     search_fields = ("=object_id",)  # shows the search box; see get_search_results
-    search_help_text = gettext_lazy("Job id (42 or #42) or record pk (7 or customers.customer:7).")
+    search_help_text = gettext_lazy(
+        "Job id (42 or #42), record pk (7 or customers.customer:7) or the record's business key "
+        "(C-1001), exact."
+    )
     # The record timeline links to the record's jobs with these two (ids only).
     extra_lookups = ("content_type", "object_id")
     list_select_related = ("content_type",)
@@ -91,7 +95,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        return search_ids(queryset, search_term, "pk"), False
+        return search_jobs(queryset, search_term, "pk"), False
 
     @admin.display(description=gettext_lazy("snapshot"))
     def snapshot(self, obj: Job) -> str:

@@ -34,6 +34,7 @@ from django.utils.translation import gettext_lazy
 from ..exceptions import AlreadyLive, GenerationChanged, RecordDeleted, RecordMissing, StaleVersion
 from ..records.mixin import TombstoneModel
 from ..records.options import PROTECTED_FIELDS, get_options
+from .display import time_column
 from .record_delete import RecordDeleteMixin
 from .record_form import (
     CHANGED_MESSAGE,
@@ -46,8 +47,11 @@ from .record_log import RecordLogMixin
 
 __all__ = ["TombstoneAdmin", "TombstoneAdminForm", "TombstoneStateFilter", "record_name"]
 
-# The mixin's fields, read-only on the change form.
-MIXIN_FIELDS = ("generation", "version", "deleted_at")
+# The mixin's fields, read-only on the change form (deleted_at as its time column).
+MIXIN_FIELDS = ("generation", "version", "deleted")
+# Date-time fields of the mixin shown through the admin's one time format (Django's own shows
+# minutes): the column or read-only field that replaces each.
+TIME_COLUMNS = {"deleted_at": "deleted"}
 TEMPLATES = "tombstones/record_admin"
 TIMELINE_URL = "admin:tombstones_job_timeline"
 
@@ -58,6 +62,20 @@ def record_name(obj: TombstoneModel) -> str:
     A tombstone's ``str()`` may read personal fields, which are now erased.
     """
     return obj.tombstone_identity() if obj.is_tombstone else str(obj)
+
+
+def _timed(names: Any) -> list[Any]:
+    """``names`` with each time field of the mixin replaced by its time column (a subclass's
+    ``list_display``, ``fields``, ``readonly_fields`` or fieldsets may name ``deleted_at``)."""
+    return [
+        TIME_COLUMNS.get(name, name) if isinstance(name, str) else _timed_row(name)
+        for name in names
+    ]
+
+
+def _timed_row(row: Any) -> Any:
+    # A tuple of fields on one line of a fieldset; anything else (a callable) as it is.
+    return tuple(_timed(row)) if isinstance(row, tuple | list) else row
 
 
 def _is_tombstone(obj: Any) -> bool:
@@ -103,7 +121,7 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
 
     form = TombstoneAdminForm
     actions = ["delete_selected"]
-    list_display: Any = ("record_identity", "generation", "version", "deleted_at")
+    list_display: Any = ("record_identity", "generation", "version", "deleted")
     change_form_template = f"{TEMPLATES}/change_form.html"
     object_history_template = f"{TEMPLATES}/object_history.html"
 
@@ -113,6 +131,8 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
     def record_identity(self, obj: Any) -> str:
         return cast(str, obj.tombstone_identity())
 
+    deleted = time_column("deleted_at", gettext_lazy("deleted at"))
+
     @admin.display(description=gettext_lazy("ID"))
     def record_pk(self, obj: Any) -> Any:
         return obj.pk
@@ -120,7 +140,7 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
     def identity_fields(self) -> tuple[str, ...]:
         """What a tombstone shows: pk, business key, generation, version, deleted_at."""
         key = get_options(self.model).business_key
-        return ("record_pk", *((key,) if key else ()), "generation", "version", "deleted_at")
+        return ("record_pk", *((key,) if key else ()), "generation", "version", "deleted")
 
     def action_checkbox(self, obj: Any) -> SafeString:
         # Django labels the checkbox with str(obj): a tombstone's may read erased fields.
@@ -170,8 +190,8 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
     def get_list_display(self, request: HttpRequest) -> Any:
         # Tombstones are listed by identity only, whatever columns the live list has.
         if self._shows_tombstones(request):
-            return ("record_identity", "generation", "version", "deleted_at")
-        return super().get_list_display(request)
+            return ("record_identity", "generation", "version", "deleted")
+        return _timed(super().get_list_display(request))
 
     def get_list_display_links(self, request: HttpRequest, list_display: Any) -> Any:
         if self._shows_tombstones(request):
@@ -210,7 +230,7 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
         if _is_tombstone(obj):
             return list(self.identity_fields())
         # The fence fields are rendered by the template, whatever fields/fieldsets say.
-        fields = [f for f in super().get_fields(request, obj) if f not in FENCE_FIELDS]
+        fields = [f for f in _timed(super().get_fields(request, obj)) if f not in FENCE_FIELDS]
         if obj is not None:  # shown read-only, even when ``fields`` leaves them out
             fields += [f for f in MIXIN_FIELDS if f not in fields]
         return fields
@@ -218,12 +238,15 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if _is_tombstone(obj):
             return [(None, {"fields": list(self.identity_fields())})]
-        return super().get_fieldsets(request, obj)
+        return [
+            (name, {**options, "fields": _timed(options.get("fields", ()))})
+            for name, options in super().get_fieldsets(request, obj)
+        ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if _is_tombstone(obj):
             return list(self.identity_fields())
-        readonly = list(super().get_readonly_fields(request, obj))
+        readonly = _timed(super().get_readonly_fields(request, obj))
         if obj is not None:
             readonly += [f for f in MIXIN_FIELDS if f not in readonly]
         return readonly

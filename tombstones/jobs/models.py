@@ -192,6 +192,11 @@ class Job(models.Model):
                 ),
             ),
             models.Index(fields=["content_type", "object_id"], name="tombstones_job_record"),
+            # The admin's reason filter asks which reasons occur, one probe each (most jobs
+            # have none: they stay out of the index).
+            models.Index(
+                fields=["reason"], name="tombstones_job_reason", condition=~models.Q(reason="")
+            ),
         ]
         constraints = [
             # At most one running job per lane, enforced by the database itself.
@@ -307,7 +312,16 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ("id",)
-        indexes = [models.Index(fields=["event", "created_at"], name="tombstones_event_kind")]
+        indexes = [
+            models.Index(fields=["event", "created_at"], name="tombstones_event_kind"),
+            # The event and rejection logs' reason filter: one probe per reason (of an event
+            # kind); events without a reason stay out of the index.
+            models.Index(
+                fields=["reason", "event"],
+                name="tombstones_event_reason",
+                condition=~models.Q(reason=""),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.event} job={self.job_id}"
