@@ -6,8 +6,12 @@ A module of its own so that worker processes import them by path, as they would 
 from __future__ import annotations
 
 import inspect
+import os
+import time
+from pathlib import Path
 from typing import Any
 
+from django.db.models.signals import post_init
 from django.utils import timezone
 
 from project.customers.models import Customer, SheetRow
@@ -82,10 +86,12 @@ def call_out(context: Any, customer: Customer) -> None:
 
 
 @task(takes_context=True)
-def apply(context: Any, entity: StressEntity, payload: str = "") -> None:
-    """The stress model's write (lane order in cluster tests): one AppliedWrite per job."""
+def apply(context: Any, entity: StressEntity, payload: str = "", delay_ms: int = 0) -> None:
+    """The stress model's write (lane order in cluster tests): one AppliedWrite per job, after
+    ``delay_ms`` (slow enough that a cluster's two workers share the lanes)."""
     from project.stress.models import AppliedWrite
 
+    time.sleep(delay_ms / 1000)
     if context.update(payload=payload or f"applied-by-job-{context.job.pk}"):
         AppliedWrite.objects.create(
             job_id=context.job.pk, key=entity.key, version=entity.version, worker="task"
@@ -112,3 +118,40 @@ def bump_once(context: Any, customer: Customer) -> None:
     if len(calls) == 1:
         Customer.objects.filter(pk=customer.pk).update()
     context.update(phone="+1")
+
+
+@task(takes_context=True)
+def held(context: Any, customer: Customer, signal: str, release: str) -> None:
+    """Running, stopped inside the task until the test lets it go (file paths; bounded)."""
+    from project.stress.handlers import rendezvous
+
+    rendezvous({"signal": signal, "release": release, "hold": 30})
+    context.update(synced_at=timezone.now())
+
+
+# --- a hold between the check and the write, in cluster workers ----------------------------------
+# A worker started with TASKS_HOLD_DIR stops right after its check has read customer <pk>, when
+# the test wrote <dir>/hold-<pk>: it renames that file to reached-<pk> (so it holds once) and waits,
+# bounded, for release-<pk>. The check reads the record outside the act transaction, so the test can
+# delete or update the record there on SQLite too (inside the act transaction SQLite's write lock
+# would make it wait): the seed's cases 2 and 4 through a real cluster.
+HOLD_DIR = os.environ.get("TASKS_HOLD_DIR", "")
+HOLD_SECONDS = 30.0
+
+
+def _hold_after_read(sender: Any, instance: Any, **kwargs: Any) -> None:
+    if instance.pk is None:
+        return
+    folder = Path(HOLD_DIR)
+    try:
+        (folder / f"hold-{instance.pk}").rename(folder / f"reached-{instance.pk}")
+    except FileNotFoundError:
+        return
+    release = folder / f"release-{instance.pk}"
+    deadline = time.monotonic() + HOLD_SECONDS
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+if HOLD_DIR:
+    post_init.connect(_hold_after_read, sender=Customer, weak=False)
