@@ -26,6 +26,7 @@ from django.utils.translation import gettext_lazy
 
 from ..jobs import ledger
 from ..jobs.models import Job, JobEvent, Rejection
+from .counting import LedgerChangeList, LedgerPaginator
 from .display import time_column
 from .filters import EventFilter, ReasonFilter, RejectionReasonFilter
 from .search import search_ids
@@ -118,6 +119,11 @@ class AuditColumns(ReadOnlyAdmin):
     # second count of the whole (append-only, large) table on every filtered page, and read as
     # if the list held something it did not show. The list's own counter says what it holds.
     show_full_result_count = False
+    # Its count stops at COUNT_CAP rows and estimates past it (PostgreSQL).
+    paginator = LedgerPaginator
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[LedgerChangeList]:
+        return LedgerChangeList  # its date hierarchy probes its dates
 
     @admin.display(description=gettext_lazy("record"), ordering="object_id")
     def record(self, obj: Job | JobEvent) -> str:

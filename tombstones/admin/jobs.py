@@ -35,7 +35,7 @@ from .audit import (
     timeline_url,
 )
 from .bulk_actions import StaffActionsMixin, log_message
-from .filters import ReasonFilter, StatusFilter
+from .filters import HandlerFilter, ReasonFilter, StatusFilter
 from .search import search_jobs
 
 
@@ -54,7 +54,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
         "started",
         "finished",
     )
-    list_filter = (StatusFilter, ReasonFilter, "handler", "created_at")
+    list_filter = (StatusFilter, ReasonFilter, HandlerFilter, "created_at")
     search_fields = ("=object_id",)  # shows the search box; see get_search_results
     search_help_text = gettext_lazy(
         "Job id (42 or #42), record pk (7 or customers.customer:7) or the record's business key "
