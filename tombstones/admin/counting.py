@@ -37,13 +37,18 @@ class LedgerPaginator(Paginator):
         queryset = self.object_list
         if not isinstance(queryset, models.QuerySet):
             return super().count
-        connection = connections[queryset.db]
-        if connection.vendor != "postgresql":
-            return super().count
-        capped = queryset.order_by()[: COUNT_CAP + 1].count()
-        if capped <= COUNT_CAP:
-            return capped
-        return max(COUNT_CAP + 1, estimate(queryset))
+        return count(queryset)
+
+
+def count(queryset: models.QuerySet[Any]) -> int:
+    """Exact up to ``COUNT_CAP`` rows; past it, on PostgreSQL, the planner's estimate (never
+    below the cap). SQLite has no estimate and counts fast: exact there."""
+    if connections[queryset.db].vendor != "postgresql":
+        return queryset.count()
+    capped = queryset.order_by()[: COUNT_CAP + 1].count()
+    if capped <= COUNT_CAP:
+        return capped
+    return max(COUNT_CAP + 1, estimate(queryset))
 
 
 def estimate(queryset: models.QuerySet[Any]) -> int:
