@@ -18,7 +18,7 @@ from django_q.models import Schedule
 
 import tombstones
 from tests.factories import CustomerFactory
-from tests.jobkit import run
+from tests.jobkit import run, run_together, succeeded
 from tombstones import worker
 from tombstones.admin import dashboard
 from tombstones.jobs import retention
@@ -273,6 +273,31 @@ def test_purge__after_its_time_stops_at_the_end_of_a_batch() -> None:
     assert Job.objects.count() == 3
     assert retention.purge(batch_size=2).done is True
     assert not Job.objects.exists()
+
+
+def test_purge__two_purges_at_once_remove_and_count_each_job_once(
+    transactional_db: None,
+) -> None:
+    """Committed rows and two real connections: each batch locks its rows (SKIP LOCKED on
+    PostgreSQL, the write lock on SQLite) and the roll-up's counts add up."""
+    old = timezone.now() - 40 * DAY
+    for i in range(30):
+        _job(Status.SUCCEEDED, finished=old + timedelta(seconds=i), events=1)
+    now = timezone.now()
+    events = JobEvent.objects.count()  # the jobs ran (committed: sync mode), with their events
+
+    results = succeeded(
+        run_together(
+            lambda: retention.purge(now=now, batch_size=4),
+            lambda: retention.purge(now=now, batch_size=4),
+        )
+    )
+
+    assert sum(r.total for r in results) == 30
+    assert sum(r.events for r in results) == events
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+    assert sum(OutcomeRollup.objects.values_list("jobs", flat=True)) == 30
 
 
 # --- the dashboard keeps its figures ---------------------------------------------------------
