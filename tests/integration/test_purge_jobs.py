@@ -161,6 +161,16 @@ def test_purge_jobs__nothing_to_remove(ledger: dict[str, set[int]]) -> None:
     assert _purge("--noinput", "-v", "0") == ""
 
 
+def test_purge_jobs__keeps_a_finished_job_without_a_finish_time() -> None:
+    """A hand-edited row (a final status, no finished_at) cannot be aged: kept, and said so."""
+    job = _job(Status.SUCCEEDED)
+    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - 400 * DAY)
+    text = _purge("--noinput")
+    assert "kept 1 finished job(s) without a finish time" in text
+    assert text.endswith("Nothing to remove.\n")
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
 def test_purge_jobs__asks_unless_noinput(
     ledger: dict[str, set[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
