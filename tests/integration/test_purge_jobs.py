@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import Schedule
@@ -242,6 +242,19 @@ def test_purge_jobs__deletes_in_batches_of_the_size_asked() -> None:
         assert len(ids.group(1).split(",")) <= 3
     assert "Removed 10 job(s) and 20 event(s) in 4 batch(es)." in text
     assert not Job.objects.filter(pk__in=[j.pk for j in jobs]).exists()
+
+
+def test_purge__a_batch_is_chosen_on_the_finished_index() -> None:
+    """The batch's statement can use ``tombstones_job_finished`` (a partial index: SQLite's
+    planner must see its condition implied). On PostgreSQL with sequential scans off: on a
+    small table the planner would rightly prefer one."""
+    before = timezone.now() - 30 * DAY
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_seqscan = off")
+        plan = ledger_purge.oldest_finished("default", Status.SUCCEEDED, before, 10).explain()
+    assert "tombstones_job_finished" in plan
 
 
 def test_purge__a_slow_batch_halves_the_next_ones_and_pauses_then_they_grow_back(

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 
 from ..models import Job, JobEvent, OutcomeRollup
 
@@ -26,6 +27,18 @@ def period_of(moment: datetime) -> datetime:
     return moment.replace(minute=minute, second=0, microsecond=0)
 
 
+def oldest_finished(db: str, status: str, before: datetime, limit: int) -> QuerySet[Job, Any]:
+    """(id, finished_at, reason) of the ``limit`` oldest jobs of ``status`` finished before
+    ``before``, locked (on the ``tombstones_job_finished`` index)."""
+    return (
+        Job.objects.using(db)
+        .filter(status=status, finished_at__lt=before)
+        .order_by("finished_at")
+        .select_for_update(skip_locked=True)
+        .values_list("id", "finished_at", "reason")[:limit]
+    )
+
+
 def purge_batch(
     db: str, status: str, before: datetime, limit: int, count_since: datetime | None = None
 ) -> tuple[int, int]:
@@ -38,14 +51,7 @@ def purge_batch(
     deleted. Returns (jobs removed, events removed).
     """
     with transaction.atomic(using=db):
-        chosen = (
-            Job.objects.using(db)
-            .filter(status=status, finished_at__lt=before)
-            .order_by("finished_at")
-            .select_for_update(skip_locked=True)
-            .values_list("id", "finished_at", "reason")[:limit]
-        )
-        rows = list(chosen)
+        rows = list(oldest_finished(db, status, before, limit))
         if not rows:
             return 0, 0
         ids = [pk for pk, _, _ in rows]
