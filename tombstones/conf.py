@@ -70,6 +70,10 @@ _SETTINGS: dict[str, _Setting] = {
     "RETRY_BACKOFF_MAX": _Setting(timedelta(minutes=10), "timedelta"),
     # How long a tombstone is kept before purge_tombstones may remove it.
     "RETENTION": _Setting(timedelta(days=30), "timedelta"),
+    # How long purge_jobs keeps finished jobs (succeeded, cancelled, expired) and their events,
+    # and the audit trail (rejected, failed, uncertain, superseded, escalated) with its events.
+    "JOB_RETENTION": _Setting(timedelta(days=30), "timedelta"),
+    "AUDIT_RETENTION": _Setting(timedelta(days=365), "timedelta"),
     # A job that waited longer than this is expired without running.
     "JOB_MAX_AGE": _Setting(timedelta(days=7), "timedelta"),
     # How long a claimed job is leased to its worker before the sweep may take it back.
@@ -133,6 +137,14 @@ class TombstoneSettings:
     @property
     def RETENTION(self) -> timedelta:
         return self._get("RETENTION")
+
+    @property
+    def JOB_RETENTION(self) -> timedelta:
+        return self._get("JOB_RETENTION")
+
+    @property
+    def AUDIT_RETENTION(self) -> timedelta:
+        return self._get("AUDIT_RETENTION")
 
     @property
     def JOB_MAX_AGE(self) -> timedelta:

@@ -1,5 +1,6 @@
 """Everything django-q2 calls by dotted path: ``run`` (a wake-up runs the pump,
-:mod:`tombstones.jobs.engine.runner`), ``run_sweep`` (the schedule) and ``mark_q_task``.
+:mod:`tombstones.jobs.engine.runner`), ``run_sweep`` and ``run_purge`` (the schedules) and
+``mark_q_task``.
 
 These paths are stored in django-q2's queue and schedule rows, so they stay here. Thin on purpose.
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from django.db import connections
 
+from .jobs import retention
 from .jobs.engine import runner, sweep
 from .jobs.models import Job
 from .jobs.wakeups import TASK
@@ -32,6 +34,15 @@ def run(job_id: int | None = None) -> dict[str, Any]:
 def run_sweep() -> dict[str, Any]:
     """The sweep's schedule entry point (:func:`tombstones.jobs.engine.sweep.run_sweep`)."""
     return sweep.run_sweep()
+
+
+def run_purge() -> dict[str, Any]:
+    """The purge's daily schedule entry point (:func:`tombstones.jobs.retention.run_purge`)."""
+    _close_old_connections()
+    try:
+        return retention.run_purge()
+    finally:
+        _close_old_connections()
 
 
 def _close_old_connections() -> None:

@@ -1,5 +1,5 @@
-"""System checks: TombstoneMeta (E001-E005), settings (E010, E011), SQLite mode (W001) and
-django-q2's broker (E020-E022, W020) and its timing (E023, E024)."""
+"""System checks: TombstoneMeta (E001-E005), settings (E010, E011), retention (E040, E041),
+SQLite mode (W001) and django-q2's broker (E020-E022, W020) and its timing (E023, E024)."""
 
 from __future__ import annotations
 
@@ -286,6 +286,47 @@ def test_check_settings__malformed_setting_is_e011_and_raises_on_use(name: str, 
 
     assert ids(messages) == ["tombstones.E011"]
     assert f"TOMBSTONES_{name}" in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    ("audit", "tombstones", "expected"),
+    [
+        (timedelta(days=29), timedelta(days=30), ["tombstones.E040"]),
+        (timedelta(days=30), timedelta(days=30), []),
+        (timedelta(days=365), timedelta(days=30), []),
+    ],
+)
+def test_check_settings__audit_retention_shorter_than_tombstones_is_e040(
+    audit: timedelta, tombstones: timedelta, expected: list[str]
+) -> None:
+    with override_settings(TOMBSTONES_AUDIT_RETENTION=audit, TOMBSTONES_RETENTION=tombstones):
+        messages = check_settings()
+
+    assert ids(messages) == expected
+    if expected:
+        assert "TOMBSTONES_AUDIT_RETENTION (29 days, 0:00:00)" in messages[0].msg
+        assert "rejections must outlive it" in str(messages[0].hint)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "expected"),
+    [(3599, ["tombstones.E041"]), (3600, []), (timedelta(days=1), [])],
+)
+def test_check_settings__job_retention_under_an_hour_is_e041(
+    jobs: Any, expected: list[str]
+) -> None:
+    with override_settings(TOMBSTONES_JOB_RETENTION=jobs):
+        assert ids(check_settings()) == expected
+
+
+@pytest.mark.parametrize("name", ["JOB_RETENTION", "AUDIT_RETENTION"])
+@pytest.mark.parametrize("value", ["30 days", 0, -5, float("nan")])
+def test_check_settings__a_malformed_retention_is_e011_only(name: str, value: Any) -> None:
+    with override_settings(**{f"TOMBSTONES_{name}": value}):
+        messages = check_settings()
+
+    assert ids(messages) == ["tombstones.E011"]
+    assert messages[0].msg.startswith(f"TOMBSTONES_{name} must be")
 
 
 @pytest.mark.django_db  # Django 6.1's own checks may touch the database

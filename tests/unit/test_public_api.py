@@ -102,6 +102,8 @@ def test_public_api__the_settings() -> None:
         "RETRY_BACKOFF",
         "RETRY_BACKOFF_MAX",
         "RETENTION",
+        "JOB_RETENTION",
+        "AUDIT_RETENTION",
         "JOB_MAX_AGE",
         "LEASE",
         "SWEEP_MINUTES",
@@ -117,15 +119,25 @@ def test_public_api__the_settings() -> None:
 
 def test_public_api__the_commands() -> None:
     ours = {name for name, app in get_commands().items() if app == "tombstones"}
-    assert ours == {"purge_tombstones", "racefixture", "tombstones_doctor", "tombstones_roles"}
+    assert ours == {
+        "purge_jobs",
+        "purge_tombstones",
+        "racefixture",
+        "tombstones_doctor",
+        "tombstones_roles",
+    }
 
 
 @pytest.mark.parametrize(
     "path",
     [
-        # django-q2's queue rows name the wake-up task; its schedule row names the sweep.
+        # django-q2's queue rows name the wake-up task; its schedule rows the sweep and the
+        # purge (whose queue rows name it too, when a run hands what is left to another).
         "tombstones.worker.run",
         "tombstones.worker.run_sweep",
+        "tombstones.worker.run_purge",
+        # The admin's rejection log says how far back it goes with it.
+        "tombstones.jobs.retention.horizon",
         # The project's urls.py sets handler403 to it.
         "tombstones.views.permission_denied",
         # Migration 0003 runs it.
@@ -154,6 +166,11 @@ def test_public_api__the_stored_task_paths_are_the_ones_resolved() -> None:
     # What enqueue stores in django-q2's queue is the function the worker runs.
     assert TASK == "tombstones.worker.run"
     assert import_string(TASK) is worker.run
+    from tombstones.jobs import retention
+
+    # What the purge's schedule (and its hand-over) stores is the function the worker runs.
+    assert retention.PURGE_TASK == "tombstones.worker.run_purge"
+    assert import_string(retention.PURGE_TASK) is worker.run_purge
 
 
 def test_public_api__the_pytest_entry_point() -> None:

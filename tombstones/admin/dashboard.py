@@ -1,6 +1,10 @@
 """The job dashboard: counts, why each waiting job waits, blocked lanes, the oldest due job, the
 next sweep, throughput, jobs awaiting a decision, outcomes over time, rejections per day.
 
+The charts count the ledger's finished jobs and, for the jobs ``purge_jobs`` removed, the roll-up
+(:class:`~tombstones.jobs.models.OutcomeRollup`, by quarter hour), so a purge leaves them as
+they were.
+
 Read-only, ids and reason codes only. The charts are drawn server-side (inline SVG). Every
 condition comes from the job table's (``Job.objects.oldest_due()``, ``lane_heads()``,
 ``blocking()``, ``waiting_behind()``; :mod:`tombstones.jobs.queries`' ``lapsed()``,
@@ -9,11 +13,12 @@ condition comes from the job table's (``Job.objects.oldest_due()``, ``lane_heads
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Now, TruncDate, TruncHour
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -21,7 +26,7 @@ from django.utils.translation import gettext_noop
 
 from ..conf import tombstone_settings
 from ..jobs import queries
-from ..jobs.models import Job, JobEvent
+from ..jobs.models import Job, JobEvent, OutcomeRollup
 from .counting import count
 from .display import format_time
 from .timeline import STATUS_COLOURS
@@ -203,6 +208,22 @@ def throughput(now: datetime) -> dict[str, int]:
     )
 
 
+def _add_purged(
+    counts: dict[Any, dict[str, int]], since: datetime, bucket: Callable[[datetime], Any]
+) -> None:
+    """Add the roll-up's counts of purged jobs finished since ``since`` to ``counts``."""
+    rows = (
+        OutcomeRollup.objects.filter(period__gte=since)
+        .values_list("period", "status")
+        .annotate(n=Sum("jobs"))
+        .order_by()
+    )
+    for period, status, n in rows:
+        key = bucket(period)
+        if key in counts:
+            counts[key][status] = counts[key].get(status, 0) + n
+
+
 def outcomes_by_hour(now: datetime, hours: int = CHART_HOURS) -> list[tuple[datetime, dict]]:
     """Finished jobs per hour for the last ``hours`` hours (the current one included), by status."""
     tz = timezone.get_current_timezone()
@@ -220,12 +241,18 @@ def outcomes_by_hour(now: datetime, hours: int = CHART_HOURS) -> list[tuple[date
         key = timezone.localtime(bucket, tz) if timezone.is_aware(bucket) else bucket
         if key in counts:
             counts[key][status] = counts[key].get(status, 0) + n
+    _add_purged(
+        counts,
+        buckets[0],
+        lambda period: timezone.localtime(period, tz).replace(minute=0, second=0, microsecond=0),
+    )
     return [(b, counts[b]) for b in buckets]
 
 
 def outcomes_by_day(now: datetime, days: int = CHART_DAYS) -> list[tuple[date, dict]]:
     """Finished jobs per day for the last ``days`` days (today included), by status."""
-    today = timezone.localdate(now)
+    tz = timezone.get_current_timezone()
+    today = timezone.localdate(now, tz)
     start = today - timedelta(days=days - 1)
     rows = (
         Job.objects.filter(finished_at__date__gte=start)
@@ -238,6 +265,8 @@ def outcomes_by_day(now: datetime, days: int = CHART_DAYS) -> list[tuple[date, d
     for day, status, n in rows:
         if day in counts:
             counts[day][status] = counts[day].get(status, 0) + n
+    midnight = timezone.make_aware(datetime.combine(start, time()), tz)
+    _add_purged(counts, midnight, lambda period: timezone.localdate(period, tz))
     return sorted(counts.items())
 
 
@@ -301,19 +330,14 @@ def awaiting(status: str) -> list[Job]:
     )
 
 
-def rejections_per_day(days: int = CHART_DAYS) -> list[tuple[date, int]]:
-    today = timezone.localdate()
-    start = today - timedelta(days=days - 1)
-    rows = (
-        JobEvent.objects.filter(event=JobEvent.Event.REJECTED, created_at__date__gte=start)
-        .annotate(day=TruncDate("created_at"))
-        .values_list("day")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    counts = {day: n for day, n in rows}
-    days_shown = [start + timedelta(days=i) for i in range(days)]
-    return [(day, counts.get(day, 0)) for day in days_shown]
+def rejections_per_day(
+    days: int = CHART_DAYS, by_day: list[tuple[date, dict]] | None = None
+) -> list[tuple[date, int]]:
+    """Rejected jobs per day, by the day they finished: the rejected share of
+    :func:`outcomes_by_day` (its series, when given). A rejected job has one ``rejected`` event,
+    so this is the rejection log's count, and it survives a purge through the roll-up."""
+    series = by_day if by_day is not None else outcomes_by_day(timezone.now(), days)
+    return [(day, counts.get(Status.REJECTED, 0)) for day, counts in series]
 
 
 def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
@@ -347,7 +371,7 @@ def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
 
 def context() -> dict[str, Any]:
     now = timezone.now()
-    series = rejections_per_day()
+    by_day = outcomes_by_day(now)
     waiting, waiting_total = waiting_jobs(now)
     return {
         "status_counts": status_counts(),
@@ -360,10 +384,8 @@ def context() -> dict[str, Any]:
         "uncertain_jobs": awaiting(Status.UNCERTAIN),
         "escalated_jobs": awaiting(Status.ESCALATED),
         "outcomes_by_hour": stacked_chart(outcomes_by_hour(now), lambda h: h.strftime("%H")),
-        "outcomes_by_day": stacked_chart(
-            outcomes_by_day(now), lambda d: d.strftime("%m-%d"), bar=28, gap=8
-        ),
-        "rejection_chart": chart(series),
+        "outcomes_by_day": stacked_chart(by_day, lambda d: d.strftime("%m-%d"), bar=28, gap=8),
+        "rejection_chart": chart(rejections_per_day(by_day=by_day)),
         "chart_days": CHART_DAYS,
         "chart_hours": CHART_HOURS,
     }

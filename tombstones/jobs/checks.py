@@ -1,10 +1,11 @@
 """System checks of the settings and of django-q2 (its broker, its timing) and SQLite's mode:
-``tombstones.E01x``/``E02x`` errors and ``W0xx`` warnings. The records' own are in
-:mod:`tombstones.records.checks`."""
+``tombstones.E01x``/``E02x`` errors, the retention's ``E04x`` and ``W0xx`` warnings. The
+records' own are in :mod:`tombstones.records.checks`."""
 
 from __future__ import annotations
 
 import importlib
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +25,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 "TOMBSTONES_RETENTION must be longer than TOMBSTONES_JOB_MAX_AGE.",
                 hint="Otherwise a tombstone can be purged while a job that needs it still waits.",
                 id="tombstones.E010",
+            )
+        )
+    if not problems:
+        errors += _retention_errors()
+    return errors
+
+
+# The dashboard's "finished in the last hour" counts the ledger's rows.
+JOB_RETENTION_AT_LEAST = timedelta(hours=1)
+
+
+def _retention_errors() -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    audit, tombstones = tombstone_settings.AUDIT_RETENTION, tombstone_settings.RETENTION
+    if audit < tombstones:
+        errors.append(
+            checks.Error(
+                f"TOMBSTONES_AUDIT_RETENTION ({audit}) must not be shorter than "
+                f"TOMBSTONES_RETENTION ({tombstones}).",
+                hint="A tombstone's rejections must outlive it: purge_jobs would remove the "
+                "audit trail of records whose tombstones are still kept.",
+                id="tombstones.E040",
+            )
+        )
+    jobs = tombstone_settings.JOB_RETENTION
+    if jobs < JOB_RETENTION_AT_LEAST:
+        errors.append(
+            checks.Error(
+                f"TOMBSTONES_JOB_RETENTION ({jobs}) must be at least one hour.",
+                hint="The dashboard counts the jobs finished in the last hour from the ledger.",
+                id="tombstones.E041",
             )
         )
     return errors

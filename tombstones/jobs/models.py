@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from . import queries, states
 from .states import CLAIMABLE, HOLDING, QUEUED, RUNNING, SUSPECT, UNFINISHED, WAITING
 
-__all__ = ["Dashboard", "Job", "JobEvent", "Rejection"]
+__all__ = ["Dashboard", "Job", "JobEvent", "OutcomeRollup", "Rejection"]
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -197,6 +197,14 @@ class Job(models.Model):
             models.Index(
                 fields=["reason"], name="tombstones_job_reason", condition=~models.Q(reason="")
             ),
+            # purge_jobs' batches (a final status's oldest jobs) and the dashboard's outcomes;
+            # a job enters it when it ends. (finished_at < x implies the condition, for SQLite's
+            # planner too, which does not match a status IN (...) given as parameters.)
+            models.Index(
+                fields=["status", "finished_at"],
+                name="tombstones_job_finished",
+                condition=models.Q(finished_at__isnull=False),
+            ),
         ]
         constraints = [
             # At most one running job per lane, enforced by the database itself.
@@ -345,6 +353,33 @@ def with_row_events(jobs: list[Job], stored: Any) -> list[JobEvent]:
         if job.pk not in ended:
             events += job.row_events()
     return sorted(events, key=lambda e: (e.created_at, e.pk is None, e.pk or 0))
+
+
+class OutcomeRollup(models.Model):
+    """Jobs that ``purge_jobs`` removed, counted by the quarter hour (UTC) they finished in, their
+    status and reason: the dashboard adds these counts to the ledger's rows, so its charts draw
+    the same figures after a purge. A purge batch's counts and its deletes commit together.
+
+    Quarter hours, not days: the hourly chart needs hours, and every time zone's offset is a
+    multiple of 15 minutes, so a local day or hour is a whole number of periods.
+    """
+
+    period = models.DateTimeField(help_text="Start of the quarter hour (UTC) the jobs finished in.")
+    status = models.CharField(max_length=16, choices=states.Status)
+    reason = models.CharField(max_length=32, choices=states.Reason, default="", blank=True)
+    jobs = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ("period", "status", "reason")
+        default_permissions = ()  # not in the admin: the dashboard reads it
+        constraints = [
+            models.UniqueConstraint(
+                fields=["period", "status", "reason"], name="tombstones_rollup_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.period:%Y-%m-%d %H:%M} {self.status} {self.reason or '-'}: {self.jobs}"
 
 
 class RejectionManager(models.Manager["Rejection"]):
