@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from project.customers.models import Customer
 from tests.factories import CustomerFactory
@@ -246,6 +248,10 @@ def test_rejection_log__lists_rejections_only_with_expected_and_found(
     assert "source_deleted" in page
     assert f"customers.customer:{planted.pk}" in page.replace("<wbr>", "")  # may wrap at a dot
     _assert_no_pii(page, "rejection log")
+    # How far back it goes: the audit retention, and the moment it reaches back to.
+    since = timezone.localtime(timezone.now() - timedelta(days=365)).strftime("%Y-%m-%d %H:")
+    assert "Rejections are kept for 365 days (TOMBSTONES_AUDIT_RETENTION)" in page
+    assert f"this log goes back to {since}" in page
 
     filtered = staff_client.get(
         reverse("admin:tombstones_rejection_changelist"), {"reason__exact": "generation_changed"}

@@ -24,10 +24,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from ..jobs import ledger
+from ..conf import tombstone_settings
+from ..jobs import ledger, retention
 from ..jobs.models import Job, JobEvent, Rejection
 from .counting import LedgerChangeList, LedgerPaginator
-from .display import time_column
+from .display import format_time, time_column
 from .filters import EventFilter, ReasonFilter, RejectionReasonFilter
 from .search import search_ids
 
@@ -195,6 +196,15 @@ REJECTION_COLUMNS: tuple[tuple[str, Callable[[Rejection], Any]], ...] = (
 )
 
 
+def how_far_back() -> str:
+    """What the rejection log can hold: purge_jobs keeps a rejection for the audit retention."""
+    days = tombstone_settings.AUDIT_RETENTION.days
+    return _(
+        "Rejections are kept for %(days)s days (TOMBSTONES_AUDIT_RETENTION): this log goes back "
+        "to %(since)s."
+    ) % {"days": days, "since": format_time(retention.horizon("audit"))}
+
+
 @admin.register(Rejection)
 class RejectionAdmin(AuditColumns):
     # What a rejection is about, at 1280 px beside the filters: the (generation, version) the job
@@ -238,7 +248,8 @@ class RejectionAdmin(AuditColumns):
     ) -> HttpResponse:
         # The page keeps its name; its counter reads "4 rejections" (the model's plural).
         title = _("Rejection log")
-        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+        context = {"title": title, "subtitle": how_far_back(), **(extra_context or {})}
+        return super().changelist_view(request, context)
 
     timestamp = time_column("created_at", gettext_lazy("timestamp"))
 
