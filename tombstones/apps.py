@@ -19,7 +19,7 @@ class TombstonesConfig(AppConfig):
 
         from . import signals
         from .jobs import checks as job_checks
-        from .jobs import erasure, retention
+        from .jobs import erasure, retention, sqlite_indexes
         from .jobs.engine.alarms import on_worker_start
         from .jobs.engine.sweep import install_schedule
         from .records import checks as record_checks
@@ -37,6 +37,9 @@ class TombstonesConfig(AppConfig):
         post_execute_in_worker.connect(mark_q_task, dispatch_uid="tombstones.mark_q_task")
         post_spawn.connect(on_worker_start, dispatch_uid="tombstones.worker_start")
         post_migrate.connect(install_schedule, sender=self, dispatch_uid="tombstones.schedule")
+        post_migrate.connect(
+            sqlite_indexes.after_migrate, sender=self, dispatch_uid="tombstones.sqlite_indexes"
+        )
         post_migrate.connect(
             retention.install_schedule, sender=self, dispatch_uid="tombstones.purge_schedule"
         )

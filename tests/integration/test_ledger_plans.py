@@ -72,3 +72,30 @@ def test_plans__claim_outcome_and_sweep_use_indexes_on_a_full_ledger(postgres_on
         (sorted(used), sql) for sql, plan in checked if (used := set(INDEX.findall(plan)) & others)
     ]
     assert wide == [], "\n\n".join(f"{used}: {sql[:400]}" for used, sql in wide)
+
+
+def test_plans__on_sqlite_the_engine_reads_through_indexes_too() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plans (PostgreSQL's are pinned above)")
+    seed_finished(20_000)
+    customers = [SheetRowFactory().customer for _ in range(3)]
+    jobs = [tombstones.enqueue("customers.update_sheet_row", c) for c in customers]
+    Customer.objects.get(pk=customers[1].pk).delete()
+    with CaptureQueriesContext(connection) as captured:
+        run(jobs[0])
+        sweep()
+    scans = []
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            sql = query["sql"]
+            verb = sql.lstrip().split(None, 1)[0].upper()
+            if verb not in ("SELECT", "UPDATE", "DELETE") or not TABLES.search(sql):
+                continue
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            # A full scan reads "SCAN <table or alias>" without "USING ... INDEX".
+            plan = [row[-1] for row in cursor.fetchall()]
+            full = [s for s in plan if s.startswith("SCAN ") and "USING" not in s]
+            full = [s for s in full if "django_content_type" not in s and "CONSTANT" not in s]
+            if full:
+                scans.append((full, sql[-500:]))
+    assert scans == [], scans

@@ -29,7 +29,9 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
     # A reserved lane follower (queued with a claim token) is its claim's: that worker records it
     # expired itself.
     expirable = queries.too_old() & queries.unclaimed()
-    for job in jobs.filter(expirable, status__in=Job.CLAIMABLE)[:BATCH]:
+    # In no order (all of them go, a batch at a time): SQLite would read "newest first" by
+    # scanning the whole ledger backwards rather than look the few waiting jobs up.
+    for job in jobs.filter(expirable, status__in=Job.CLAIMABLE).order_by()[:BATCH]:
         counts["expired"] += ledger.transition(
             job,
             Status.EXPIRED,
