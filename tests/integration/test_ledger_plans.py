@@ -29,7 +29,6 @@ INDEX = re.compile(r"(?:Index Scan|Index Only Scan|Bitmap Index Scan) (?:using |
 UNFINISHED_ONLY = {
     "tombstones_job_pkey",
     "tombstones_job_lane_place",
-    "tombstones_job_unfinished",
     "tombstones_job_one_running_per_lane",
 }
 

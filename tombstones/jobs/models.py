@@ -168,12 +168,6 @@ class Job(models.Model):
                 name="tombstones_job_lane_place",
                 condition=models.Q(status__in=["queued", "running", "retry_wait", "paused"]),
             ),
-            # The engine's: due jobs, the sweep's lapsed leases, paused and too-old jobs.
-            models.Index(
-                fields=["status", "run_after"],
-                name="tombstones_job_unfinished",
-                condition=models.Q(status__in=["queued", "running", "retry_wait", "paused"]),
-            ),
             # The audit's: the jobs that ended without succeeding, by status (the admin's
             # filters); succeeded ones, most of the ledger, are read in id order.
             models.Index(
