@@ -461,3 +461,21 @@ def test_demo__the_customer_admin_queues_its_sheet_rows_task(
     assert row.synced_version == customer.version
     assert len(row.name_hash) == 16
     assert refresh_sheet_rows.get_result(str(job.pk)).status == SUCCESSFUL
+
+
+def test_run_after__the_job_waits_until_it_is_due(customer: Customer) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.jobkit import make_due
+
+    later = timezone.now() + timedelta(hours=1)
+    result = tasks.touch.using(run_after=later).enqueue(customer)
+    job = job_of(result)
+    assert job.run_after >= later - timedelta(seconds=1)
+    assert run(job).status == "queued"  # not due: the worker leaves it
+    assert tasks.seen == []
+    make_due(job)
+    assert finish(result).status == SUCCESSFUL
+    assert len(tasks.seen) == 1
