@@ -148,16 +148,12 @@ def run_on_hosts(
                 and cluster.process is not None
                 and ended >= host.kill_at
             ):
-                held = list(
-                    Job.objects.filter(
-                        status=Job.Status.RUNNING, owner__startswith=f"{host.name}:"
-                    ).values_list("pk", flat=True)
-                )
                 waited = time.monotonic() - due_since.setdefault(host.name, time.monotonic())
-                if held or waited > KILL_WAIT:
+                if _running_on(host.name) or waited > KILL_WAIT:
                     cluster.kill()
                     killed.add(host.name)
-                    run.held_at_kill = held
+                    # Read again once it is dead: a job may have ended in between.
+                    held = run.held_at_kill = _running_on(host.name)
                     note(f"{host.name} killed (SIGKILL) after {ended} jobs ended, holding {held}")
 
     try:
@@ -202,6 +198,12 @@ def run_on_hosts(
             )
         }
     return run
+
+
+def _running_on(host: str) -> list[int]:
+    """Jobs running under a lease of one of the host's workers."""
+    running = Job.objects.filter(status=Job.Status.RUNNING, owner__startswith=f"{host}:")
+    return list(running.values_list("pk", flat=True))
 
 
 def _drop_keys(name: str, broker: Any) -> None:
