@@ -7,7 +7,9 @@ Differences from project.settings, all applied to every variant alike:
 - django-q2 keeps every task row (``save_limit = 0``): the baseline's latency and completion are
   read from them, and pruning would add statements to the baseline only;
 - ``BENCH_Q_RECYCLE`` overrides django-q2's worker recycling (default 500 tasks; the soak run
-  turns it off so a leak would show), ``BENCH_CONN_MAX_AGE`` the connection lifetime.
+  turns it off so a leak would show), ``BENCH_CONN_MAX_AGE`` the connection lifetime;
+- ``BENCH_LEASE`` sets ``TOMBSTONES_LEASE`` (seconds) and django-q2's ``timeout`` one second
+  below it (bench/hosts.py: a killed host's jobs come back within seconds, not a minute).
 """
 
 from __future__ import annotations
@@ -27,3 +29,7 @@ if os.environ.get("BENCH_Q_RECYCLE"):
 
 if os.environ.get("BENCH_CONN_MAX_AGE"):
     DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ["BENCH_CONN_MAX_AGE"])
+
+if os.environ.get("BENCH_LEASE"):
+    TOMBSTONES_LEASE = float(os.environ["BENCH_LEASE"])
+    Q_CLUSTER["timeout"] = max(1, int(TOMBSTONES_LEASE) - 1)

@@ -138,6 +138,9 @@ Q_CLUSTER: dict[str, object] = {
     "poll": 0.05,
     "sync": env("Q_SYNC"),
     "label": "Django Q2",
+    # django-q2 (1.11) reads Q_CLUSTER_NAME (`Q_CLUSTER_NAME=jobs manage.py qcluster`) only when
+    # this key exists: without it the import of django_q raises KeyError: 'ALT_CLUSTERS'.
+    "ALT_CLUSTERS": {},
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL

@@ -1,4 +1,10 @@
+import os
+import socket
+
 from django.apps import AppConfig
+
+# A process started with this variable calls its host by that name (see project/stress/hosts.py).
+HOST_ENV = "STRESS_HOST"
 
 
 class StressConfig(AppConfig):
@@ -6,3 +12,10 @@ class StressConfig(AppConfig):
     label = "stress"
     verbose_name = "Race harness"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        host = os.environ.get(HOST_ENV)
+        if host:
+            # Several clusters on one machine, each as if on a host of its own: the workers' ids
+            # (host:pid, in the ledger and the deliveries) tell the hosts apart.
+            socket.gethostname = lambda: host  # type: ignore[assignment]

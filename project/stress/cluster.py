@@ -107,7 +107,8 @@ class Cluster:
         env.update(self.extra_env)
         return env
 
-    def start(self, *, ready_timeout: float = 60.0) -> Cluster:
+    def launch(self) -> Cluster:
+        """Start the process without waiting for it to be ready (a host joining a running job)."""
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, str(MANAGE), "qcluster"],
@@ -117,6 +118,18 @@ class Cluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() can reap every child
         )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once: the host is gone, nothing is cleaned up."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10)
+
+    def start(self, *, ready_timeout: float = 60.0) -> Cluster:
+        self.launch()
         try:
             self.wait_ready(ready_timeout)
         except BaseException:

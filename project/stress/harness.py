@@ -340,36 +340,79 @@ def analyse(report: Report, first_id: int, expected: int) -> Report:
     deliveries = list(
         Delivery.objects.filter(job_id__gte=first_id)
         .order_by("id")
-        .values_list("job_id", "lane", "sequence", "key", "phase")
+        .values_list("job_id", "lane", "sequence", "key", "phase", "worker", "created_at")
     )
-    ends = Counter(job_id for job_id, _, _, _, phase in deliveries if phase == "end")
+    ends = Counter(row[0] for row in deliveries if row[4] == "end")
     breakdown["duplicated_jobs"] = sum(1 for n in ends.values() if n > 1)
     succeeded = jobs.filter(status=Job.Status.SUCCEEDED).values_list("id", flat=True)
     breakdown["lost_deliveries"] = sum(1 for job_id in succeeded if job_id not in ends)
+    cut = _cut_off(deliveries)
     breakdown["lane_order_violations"] = _order_violations(
-        [(lane, seq, phase) for _, lane, seq, _, phase in deliveries]
+        [
+            (lane, seq, phase, at, cut.get(i))
+            for i, (_, lane, seq, _, phase, _, at) in enumerate(deliveries)
+        ]
     )
     report.entity_reorderings = _order_violations(
-        [(key, seq, phase) for _, _, seq, key, phase in deliveries]
+        [
+            (key, seq, phase, at, cut.get(i))
+            for i, (_, _, seq, key, phase, _, at) in enumerate(deliveries)
+        ]
     )
     report.breakdown = breakdown
     report.anomalies = sum(breakdown.values())
     return report
 
 
-def _order_violations(rows: list[tuple[str, int, str]]) -> int:
-    """Deliveries of one group (in log order) that overlapped or went backwards in sequence."""
+def _cut_off(deliveries: list[tuple[Any, ...]]) -> dict[int, Any]:
+    """Deliveries whose worker died in them (a killed host): row index -> when it was dead.
+
+    A start that its worker never ended, on a job whose lease was then taken back: the worker
+    wrote nothing after its death, and the take-back (the database's clock) came after it. The
+    lane's next delivery must start after that moment, or it overlapped.
+    """
+    ended = {(row[0], row[5]) for row in deliveries if row[4] == "end"}
+    open_starts = {
+        i: row
+        for i, row in enumerate(deliveries)
+        if row[4] == "start" and (row[0], row[5]) not in ended
+    }
+    if not open_starts:
+        return {}
+    taken_back: dict[int, list[Any]] = defaultdict(list)
+    for job_id, at in JobEvent.objects.filter(
+        job_id__in={row[0] for row in open_starts.values()},
+        reason__in=[Job.Reason.LEASE_EXPIRED, Job.Reason.OUTCOME_UNKNOWN],
+    ).values_list("job_id", "created_at"):
+        taken_back[job_id].append(at)
+    found = {}
+    for i, (job_id, *_, at) in open_starts.items():
+        later = [t for t in taken_back.get(job_id, []) if t >= at]
+        if later:
+            found[i] = min(later)
+    return found
+
+
+def _order_violations(rows: list[tuple[str, int, str, Any, Any]]) -> int:
+    """Deliveries of one group (in log order) that overlapped or went backwards in sequence.
+
+    Each row: (group, sequence, phase, logged at, dead at). A delivery whose worker died in it
+    (``dead at``, see :func:`_cut_off`) stops running at that moment.
+    """
     last_seq: dict[str, int] = {}
-    running: dict[str, set[int]] = defaultdict(set)
+    running: dict[str, dict[int, Any]] = defaultdict(dict)
     violations = 0
-    for group, seq, phase in rows:
+    for group, seq, phase, at, dead_at in rows:
         if phase == "start":
-            if running[group] or seq < last_seq.get(group, -1):
+            now = running[group]
+            for gone in [s for s, end in now.items() if end is not None and end <= at]:
+                del now[gone]
+            if now or seq < last_seq.get(group, -1):
                 violations += 1
-            running[group].add(seq)
+            now[seq] = dead_at
             last_seq[group] = max(seq, last_seq.get(group, -1))
         else:
-            running[group].discard(seq)
+            running[group].pop(seq, None)
     return violations
 
 

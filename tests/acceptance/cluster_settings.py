@@ -1,7 +1,7 @@
 """Settings for worker subprocesses started by the acceptance tests: the demo's, plus a lease
 short enough (TOMBSTONES_LEASE_SECONDS) for a test to wait out a crashed worker's lease, a
 shorter retry backoff (TOMBSTONES_RETRY_BACKOFF_SECONDS), TOMBSTONES_MAX_ATTEMPTS, and
-django-q2's task timeout (Q_TIMEOUT)."""
+django-q2's task timeout (Q_TIMEOUT), and the cluster the jobs go to (TOMBSTONES_Q_CLUSTER)."""
 
 import os
 from datetime import timedelta
@@ -16,3 +16,5 @@ Q_CLUSTER = {**Q_CLUSTER, "timeout": int(_timeout)}  # noqa: F405
 TOMBSTONES_RETRY_BACKOFF = timedelta(
     seconds=float(os.environ.get("TOMBSTONES_RETRY_BACKOFF_SECONDS", "2"))
 )
+if os.environ.get("TOMBSTONES_Q_CLUSTER"):
+    TOMBSTONES_Q_OPTIONS = {"cluster": os.environ["TOMBSTONES_Q_CLUSTER"]}
