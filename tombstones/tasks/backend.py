@@ -14,7 +14,7 @@ from django.utils.module_loading import import_string
 from ..jobs import registry
 from ..jobs.registry import TASK_PREFIX
 from ..signals import job_finished
-from . import arguments
+from . import arguments, running
 from .compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -86,7 +86,11 @@ class TombstoneBackend(BaseTaskBackend):
                     "parameters."
                 )
         # Defining a task registers its handler, in the web process and in the worker alike.
-        registry.add(task.tombstone_handler(), replace=True)
+        registry.add(self.handler_for(task), replace=True)
+
+    def handler_for(self, task: TombstoneTask) -> registry.Handler:
+        """The job handler that runs ``task`` (:func:`.running.handler_for`)."""
+        return running.handler_for(task)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         """One fenced job in the caller's transaction (a rolled-back request leaves none); the
