@@ -139,6 +139,19 @@ def get_handler(name: str) -> Handler:
     return found
 
 
+def imported_task(name: str) -> Any:
+    """The object at the dotted path of a task's handler name (``task:<path>``), or None when the
+    name is no task's or the path does not import in this process."""
+    from django.utils.module_loading import import_string
+
+    if not name.startswith(TASK_PREFIX):
+        return None
+    try:
+        return import_string(name.removeprefix(TASK_PREFIX))
+    except ImportError:
+        return None
+
+
 def _import_task(name: str) -> Handler | None:
     """The handler of the ``django.tasks`` task at the dotted path in ``name``, if there is one.
 
@@ -146,12 +159,9 @@ def _import_task(name: str) -> Handler | None:
     ``tombstones.tasks.TombstoneBackend``); a path that does not import is a task this code does
     not have yet (a deploy in progress), like any unknown handler.
     """
-    from django.utils.module_loading import import_string
-
-    try:
-        # Defining the task registers its handler (TombstoneBackend.validate_task).
-        found = import_string(name.removeprefix(TASK_PREFIX))
-    except ImportError:
+    # Defining the task registers its handler (TombstoneBackend.validate_task).
+    found = imported_task(name)
+    if found is None:
         return None
     if name in _registry:
         return _registry[name]

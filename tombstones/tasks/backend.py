@@ -9,10 +9,8 @@ from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
-from django.utils.module_loading import import_string
 
 from ..jobs import registry
-from ..jobs.registry import TASK_PREFIX
 from ..signals import job_finished
 from . import arguments, running
 from .compat import (
@@ -162,12 +160,7 @@ class TombstoneBackend(BaseTaskBackend):
 
 def task_of(handler: str) -> TombstoneTask | None:
     """The task a job's handler name points to, if this process can import it."""
-    if not handler.startswith(TASK_PREFIX):
-        return None
-    try:
-        found = import_string(handler.removeprefix(TASK_PREFIX))
-    except ImportError:
-        return None
+    found = registry.imported_task(handler)
     return found if isinstance(found, TombstoneTask) else None
 
 

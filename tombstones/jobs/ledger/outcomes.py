@@ -125,7 +125,7 @@ def record(claim: Claim, outcomes: Sequence[Outcome]) -> None:
     _after(outcomes, claim.using)
 
 
-# The events a plain success would store: its row holds all three (claim, check, outcome).
+# The events a plain success has before its outcome: its row holds them, and the outcome.
 _ROW_EVENTS = frozenset({Event.CLAIMED, Event.CHECKED})
 
 
