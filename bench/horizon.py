@@ -101,23 +101,12 @@ def setup(args: argparse.Namespace) -> None:
 
 
 def look_queryset() -> Any:
-    """The claim's look, as ``ledger.claim`` builds it for a worker whose claims run quickly."""
-    from django.db.models import Exists, OuterRef
-    from django.db.models.functions import Now
-
-    from tombstones.jobs.ledger.claims import _too_old
+    """The claim statement's pick of lane heads (``ledger.claim``'s ``claim_heads``)."""
+    from tombstones.conf import tombstone_settings
     from tombstones.models import Job
 
-    rows = Job.objects.select_related("content_type").annotate(too_old=_too_old())
-    behind = Job.objects.filter(lane=OuterRef("lane"), status=Job.Status.QUEUED).exclude(
-        pk=OuterRef("pk")
-    )
-    heads = rows.claimable().annotate(more=Exists(behind))
-    from tombstones.conf import tombstone_settings
-
-    return heads.annotate(db_now=Now()).order_by("queued_at", "id")[
-        : tombstone_settings.BATCH_SIZE * 2
-    ]
+    heads = Job.objects.claimable().order_by("queued_at", "id").values("id")
+    return heads[: tombstone_settings.BATCH_SIZE]
 
 
 class Feeder(threading.Thread):

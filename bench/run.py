@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--workers", default="1,2,4", help="Q_WORKERS values (comma list)")
     p.add_argument("--jobs", type=int, default=300, help="jobs per run")
-    p.add_argument("--mix", default="many,bursty", help="many (1 job/entity), bursty")
+    p.add_argument(
+        "--mix", default="many,bursty", help="many (1 job/entity), bursty, hot (1 entity)"
+    )
     p.add_argument("--burst", type=int, default=20, help="jobs per entity in the bursty mix")
     p.add_argument("--reps", type=int, default=3, help="repetitions (median, min, max)")
     p.add_argument(
@@ -388,6 +390,8 @@ def seed(mix: str, jobs: int, burst: int) -> list[Any]:
 
     if mix == "many":
         entities, per = jobs, 1
+    elif mix == "hot":  # every job for one record: one lane, drained serially
+        entities, per = 1, jobs
     elif mix == "bursty":
         per = max(1, burst)
         entities = max(1, jobs // per)
@@ -978,6 +982,7 @@ def render(results: dict[str, Any]) -> str:
                 f"- {row['clients']} client(s): {row['tps']:.0f} jobs/s "
                 f"({row['transactions']} cycles in {row['seconds']} s, {row['failed']} failed)"
             )
+        lines += against_ceiling(results["summary"], pg)
     for soak_run in results.get("soaks", []):
         lines.append("")
         lines.append(
@@ -990,6 +995,25 @@ def render(results: dict[str, Any]) -> str:
             f"max {soak_run.get('worker_rss_max_mb')} MB"
         )
     return "\n".join(lines)
+
+
+def against_ceiling(summary: list[dict[str, Any]], pg: dict[str, Any]) -> list[str]:
+    """Each fenced ordered PostgreSQL run against the ceiling with as many clients as workers
+    (a hot record's single lane against the one-client ceiling: a serial lane)."""
+    ceiling = {row["clients"]: row["tps"] for row in pg.get("runs", []) if row.get("tps")}
+    lines = []
+    for r in summary:
+        if r["variant"] != "ordered" or r["db"] != "postgres":
+            continue
+        clients = 1 if r["mix"] == "hot" else r["workers"]
+        if clients not in ceiling:
+            continue
+        share = r["jobs_per_s_median"] / ceiling[clients]
+        lines.append(
+            f"- ordered, {r['mix']}, {r['workers']} worker(s): {r['jobs_per_s_median']:.0f} "
+            f"jobs/s = {share:.0%} of the {clients}-client ceiling"
+        )
+    return ["", "Against the ceiling:", *lines] if lines else []
 
 
 def fmt(value: Any, spec: str, suffix: str = "") -> str:

@@ -29,7 +29,7 @@ def main() -> None:
     from bench.run import DEFAULT_PG, HANDLER, ensure_pg_database, reset_tables, seed
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mix", choices=["many", "bursty"], default="many")
+    parser.add_argument("--mix", choices=["many", "bursty", "hot"], default="many")
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--burst", type=int, default=20, help="jobs per entity (bursty)")
     parser.add_argument("--pg-url", default=DEFAULT_PG)

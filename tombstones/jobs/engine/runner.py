@@ -86,9 +86,9 @@ def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outc
             alarms.arm_next(db)
             return outcomes
         opened = False
-        # Work left to the others: a helper message, unless this worker's quick handlers will
-        # drain it sooner alone (then only for a full batch).
-        if claim.left and (not quick or claim.left >= size):
+        # A full batch: more may be due, for the other workers (one helper message at a time;
+        # none when this worker is the only one).
+        if claim.left and workers > 1:
             wakeups.call_helper()
         ran, quick = run_claim(claim, workers=workers, deadline=deadline)
         _quick[os.getpid()] = quick

@@ -7,6 +7,7 @@ holding and giving back are the statements about who holds a job, not what becam
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -14,14 +15,17 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
+from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
-from django.db.models import BooleanField, Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from ...conf import tombstone_settings
@@ -95,10 +99,6 @@ def given_back() -> dict[str, Any]:
     return {**uncharged(), "status": Status.QUEUED, "lease_expires_at": None}
 
 
-def _too_old() -> Case:
-    return Case(When(queries.too_old(), then=True), default=False, output_field=BooleanField())
-
-
 def claim(
     limit: int,
     *,
@@ -107,50 +107,110 @@ def claim(
     ids: Sequence[int] | None = None,
     using: str | None = None,
 ) -> Claim | None:
-    """Take due lane heads with one conditional UPDATE (committed): running, leased, attempt + 1.
+    """Take due lane heads with one statement (committed): running, leased, attempt + 1.
 
-    Looks first without a lock (an idle wake-up takes none; on SQLite the write lock is the
-    database's), then takes up to ``limit`` of them: this worker's share (1/``workers`` of what
-    it saw) unless ``whole``. A job whose last claim ended without an outcome (a crash) is taken
-    alone, so that a job that kills its worker is told apart from its batch-mates. The UPDATE
-    repeats every condition, and the unique running-lane index is the last word. A ``whole``
-    claim also reserves its lanes' next queued jobs in the same statement (:func:`_followers`).
-    Returns None when nothing is due.
+    No look first: the statement picks the heads (on PostgreSQL ``FOR UPDATE SKIP LOCKED``, so
+    workers claiming at once take different heads instead of waiting on each other), and a
+    ``whole`` claim reserves their lanes' next queued jobs in the same statement
+    (:func:`_followers`). It takes up to ``limit`` heads when ``whole`` (quick handlers: one
+    worker running them in one transaction beats several splitting them), else this worker's
+    share of a batch (``limit / workers``). A job whose last claim ended without an outcome (a
+    crash) is kept alone, so that a job that kills its worker is told apart from its
+    batch-mates. The unique running-lane index is the last word. Returns None when nothing is
+    due.
     """
     db = using or router.db_for_write(Job)
-    rows = Job.objects.using(db).select_related("content_type").annotate(too_old=_too_old())
-    heads = rows.claimable()
+    size = limit if whole or ids is not None else max(1, math.ceil(limit / max(workers, 1)))
+    token, wid = uuid.uuid4().hex, worker_id()
+    sql, params = _statement(db, size, token, wid, whole=whole and ids is None, ids=ids)
+    try:
+        with _savepoint(db):
+            taken = list(Job.objects.db_manager(db).raw(sql, params))
+    except IntegrityError:
+        # The unique running-lane index refused a second running job of a lane (two claims
+        # read the lane at once): nothing was taken, look again.
+        return Claim(token, wid, db, [], left=1, workers=workers)
+    heads = [job for job in taken if job.status == Status.RUNNING]
+    if not heads:
+        return None
+    # The database's clock at the claim: what the statement wrote as the heads' start.
+    at = cast(datetime, heads[0].started_at)
+    clock = (at, time.monotonic())
+    types = ContentType.objects.db_manager(db)
+    oldest = at - tombstone_settings.JOB_MAX_AGE
+    for job in taken:
+        job.content_type = types.get_for_id(job.content_type_id)
+        job.too_old = job.created_at < oldest  # type: ignore[attr-defined]
+    taken.sort(key=_place)
+    claimed = Claim(token, wid, db, taken, workers=workers, clock=clock)
+    suspects = [job for job in heads if _suspect(job)]
+    if suspects and len(taken) > 1:
+        # A job whose last claim crashed runs alone: the rest go back, uncharged, in one
+        # statement (rare: only after a crash).
+        alone = min(suspects, key=_place)
+        mine(claimed, [job.pk for job in taken if job is not alone]).update(**given_back())
+        claimed.jobs = [alone]
+        return claimed
+    # A full batch: more may be due, for the other workers (a hint, not a count).
+    claimed.left = len(heads) if len(heads) >= size else 0
+    return claimed
+
+
+# The claim statement by (database, size, whole, lease), compiled once per process: building it
+# through the ORM costs more than running it. The token and the worker are filled in per claim.
+_compiled_claims: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
+_TOKEN, _WORKER = "\x00token", "\x00worker"
+
+
+def _statement(
+    db: str, size: int, token: str, wid: str, *, whole: bool, ids: Sequence[int] | None
+) -> tuple[str, tuple[Any, ...]]:
+    if ids is not None:
+        return _claim_sql(db, size, token, wid, whole=whole, ids=ids)
+    key = (db, connections[db].vendor, size, whole, tombstone_settings.LEASE)
+    if key not in _compiled_claims:
+        if len(_compiled_claims) > 64:  # sizes follow the settings: a handful in practice
+            _compiled_claims.clear()
+        compiled = _claim_sql(db, size, _TOKEN, _WORKER, whole=whole, ids=None)
+        if compiled[1].count(_TOKEN) != 1 or compiled[1].count(_WORKER) != 1:
+            raise RuntimeError("the claim statement does not take its token as a parameter")
+        _compiled_claims[key] = compiled
+    sql, params = _compiled_claims[key]
+    filled = {_TOKEN: token, _WORKER: wid}
+    return sql, tuple(filled.get(p, p) if isinstance(p, str) else p for p in params)
+
+
+def _claim_sql(
+    db: str, size: int, token: str, wid: str, *, whole: bool, ids: Sequence[int] | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The claim statement: ``WITH heads, followers UPDATE ... RETURNING *``.
+
+    Built from the ORM's own conditions (:mod:`..queries`), compiled for ``db``; the CTEs are
+    materialized so that the heads are picked (and on PostgreSQL locked) once.
+    """
+    conn = connections[db]
+    heads = Job.objects.using(db).filter(queries.claimable())
     if ids is not None:
         heads = heads.filter(pk__in=list(ids))
-    if whole and ids is None:
-        # Whether the lane has a job queued behind: only then look for followers.
-        behind = Job.objects.filter(lane=OuterRef("lane"), status=Status.QUEUED).exclude(
-            pk=OuterRef("pk")
+    heads_sql, heads_params = _compiled(heads.order_by("queued_at", "id").values("id")[:size], db)
+    if conn.features.has_select_for_update_skip_locked:
+        # Heads another claim is taking right now are skipped, not waited for.
+        heads_sql += " FOR UPDATE SKIP LOCKED"
+    ctes = [f'"claim_heads" AS MATERIALIZED ({heads_sql})']
+    params: list[Any] = [*heads_params]
+    is_head = Q(pk__in=RawSQL('SELECT "id" FROM "claim_heads"', ()))
+    taken = is_head
+    if whole:
+        followers_sql, followers_params = _compiled(_followers(db, size), db)
+        ctes.append(f'"claim_followers" AS MATERIALIZED ({followers_sql})')
+        params += followers_params
+        # A follower stays queued (its head holds the lane), with the claim's token; the
+        # conditions repeated here are checked again on a row another statement changed. One
+        # IN over both sets, so that the rows are found by their keys, not by a scan.
+        both = 'SELECT "id" FROM "claim_heads" UNION ALL SELECT "id" FROM "claim_followers"'
+        taken = Q(pk__in=RawSQL(both, ())) & (
+            is_head | Q(queries.unclaimed(), status=Status.QUEUED)
         )
-        heads = heads.annotate(more=Exists(behind))
-    looked = heads.annotate(db_now=Now()).order_by("queued_at", "id")
-    seen: list[Job] = list(looked[: limit * max(workers, 1)])
-    if not seen:
-        return None
-    clock = (seen[0].db_now, time.monotonic())  # type: ignore[attr-defined]
-    if _suspect(seen[0]):
-        chosen = seen[:1]
-    else:
-        share = limit if whole else max(1, min(limit, math.ceil(len(seen) / max(workers, 1))))
-        chosen = [job for job in seen if not _suspect(job)][:share]
-    followers = _followers(rows, chosen, limit) if whole and ids is None else []
-    token, wid = uuid.uuid4().hex, worker_id()
-    head_ids = [job.pk for job in chosen]
-    mine = [*head_ids, *(job.pk for job in followers)]
-    # One statement claims the heads (running, leased) and reserves their lanes' followers
-    # (queued, this token; nobody else can take them while their head holds the lane).
-    take = Job.objects.using(db).filter(
-        (Q(pk__in=head_ids) & queries.claimable())
-        | Q(pk__in=[job.pk for job in followers], status=Status.QUEUED)
-        & queries.unclaimed()
-        & ~Q(queries.ahead(exclude=mine))
-    )
-    is_head = Q(pk__in=head_ids)
     values = {
         "status": Case(When(is_head, then=Value(Status.RUNNING)), default=F("status")),
         "lease_expires_at": Case(When(is_head, then=lease_until()), default=None),
@@ -160,68 +220,63 @@ def claim(
         "started_at": Now(),
         "sending_at": None,
     }
-    try:
-        # One statement, no transaction of its own. Its row (owner, started_at) is the record of
-        # the claim: the ``claimed`` event is written with the outcome, or by the take-back when
-        # the worker died without one.
-        matched = _update(db, take, values)
-    except IntegrityError:
-        # The unique running-lane index refused a second running job of a lane: look again.
-        return Claim(token, wid, db, [], left=len(seen), workers=workers, clock=clock)
-    if matched == len(mine):
-        for job in chosen:
-            job.status = Status.RUNNING
-        jobs = [*chosen, *followers]
-        for job in jobs:
-            job.claim_token, job.owner = token, wid
-            job.attempts += 1
-    else:  # another worker took some of them meanwhile
-        jobs = _read_back(rows, token, db)
-    return Claim(
-        token,
-        wid,
-        db,
-        sorted(jobs, key=_place),
-        left=len(seen) - sum(job.status == Status.RUNNING for job in jobs),
-        workers=workers,
-        clock=clock,
-    )
+    query = cast(UpdateQuery, Job.objects.using(db).filter(taken).query.chain(UpdateQuery))
+    query.add_update_values(values)
+    update_sql, update_params = query.get_compiler(db).as_sql()
+    sql = f"WITH {', '.join(ctes)} {update_sql} RETURNING *"
+    return sql, (*params, *update_params)
 
 
-def _followers(rows: Any, heads: Sequence[Job], limit: int) -> list[Job]:
+def _followers(db: str, limit: int) -> Any:
     """The next queued jobs of the heads' lanes (at most ``limit``): lane followers.
 
     A follower stays ``queued`` (a lane has one running job, its head) with the claim's token and
     one more attempt, and runs in its head's group, after it, on the record as the head left it.
     Its outcome is recorded with the others'; if its turn does not come, it is given back.
+    Only an unbroken run behind the head: no job it must wait for (an external or suspect
+    job, one reserved or not due) is queued before it. Ordered by place and cut at ``limit``,
+    each lane's followers are the first of its queue.
     """
-    if not heads or _suspect(heads[0]):
-        return []
-    lanes = {job.lane for job in heads if not job.external and getattr(job, "more", False)}
-    if not lanes:
-        return []
-    queued = rows.filter(
-        queries.due(), lane__in=lanes, status=Status.QUEUED, external=False
-    ).exclude(reason__in=SUSPECT)  # a suspect is claimed alone
-    return list(queued.exclude(pk__in=[j.pk for j in heads]).order_by("queued_at", "id")[:limit])
+    heads = RawSQL('SELECT "id" FROM "claim_heads"', ())
+    candidate = (
+        queries.due()
+        & queries.unclaimed()
+        & Q(status=Status.QUEUED, external=False)
+        & ~Q(reason__in=SUSPECT)
+    )
+    blocker = (
+        Job.objects.filter(
+            queries.placed_before(OuterRef("queued_at"), OuterRef("id")),
+            lane=OuterRef("lane"),
+            status=Status.QUEUED,
+        )
+        .exclude(pk__in=heads)
+        .exclude(candidate)
+    )
+    lanes = Job.objects.filter(pk__in=heads).exclude(reason__in=SUSPECT).values("lane")
+    queued = (
+        Job.objects.using(db)
+        .filter(candidate, lane__in=lanes)
+        .exclude(pk__in=heads)
+        .exclude(Exists(blocker))
+    )
+    return queued.order_by("queued_at", "id").values("id")[:limit]
 
 
-def _read_back(rows: Any, token: str, db: str) -> list[Job]:
-    """What a partly matched claim took; followers whose head it did not get go back."""
-    jobs = list(rows.filter(queries.held_by(token)))
-    led = {job.lane for job in jobs if job.status == Status.RUNNING}
-    stray = [job.pk for job in jobs if job.status == Status.QUEUED and job.lane not in led]
-    if stray:
-        followers = Job.objects.using(db).filter(queries.followers_of(token), pk__in=stray)
-        followers.update(**uncharged())
-    return [job for job in jobs if job.pk not in stray]
+def _compiled(qs: Any, db: str) -> tuple[str, tuple[Any, ...]]:
+    sql, params = qs.query.get_compiler(db).as_sql()
+    return sql, tuple(params)
 
 
-def _update(db: str, qs: Any, values: dict[str, Any]) -> int:
+@contextlib.contextmanager
+def _savepoint(db: str) -> Iterator[None]:
+    """One statement in autocommit (no BEGIN/COMMIT); a savepoint inside a caller's transaction,
+    so that a refused claim leaves that transaction usable."""
     if connections[db].in_atomic_block:
-        with transaction.atomic(using=db):  # a savepoint: the caller's transaction survives
-            return int(qs.update(**values))
-    return int(qs.update(**values))  # one statement in autocommit: no BEGIN/COMMIT
+        with transaction.atomic(using=db):
+            yield
+    else:
+        yield
 
 
 def _place(job: Job) -> tuple[Any, int]:
