@@ -537,3 +537,16 @@ def test_django_q_timing__timeout_below_the_lease_and_retry_above_the_timeout(
 
 def test_django_q_timing__the_project_settings_pass() -> None:
     assert check_django_q_timing() == []
+
+
+def test_check_sqlite__a_sqlite_older_than_the_claim_needs_is_e006(monkeypatch: Any) -> None:
+    import sqlite3
+
+    immediate = databases_with({"OPTIONS": {"transaction_mode": "IMMEDIATE"}})
+    assert "tombstones.E006" not in ids(run_sqlite_check(immediate))
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    messages = [m for m in run_sqlite_check(immediate) if m.id == "tombstones.E006"]
+    assert len(messages) == 1
+    assert "3.34.1" in messages[0].msg
+    assert isinstance(messages[0], checks.Error)

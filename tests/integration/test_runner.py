@@ -772,3 +772,18 @@ def test_longest_due_wait__of_the_claimable_job_due_longest_ago(queued: Any) -> 
     taken = ledger.claim(20, whole=True)  # the head, its follower reserved: nothing claimable
     assert taken is not None
     assert Job.objects.longest_due_wait() is None
+
+
+def test_claims__no_follower_is_reserved_behind_an_external_head(settings: Any) -> None:
+    """Internal jobs of a claim run before its external ones: a follower reserved behind an
+    external head would overtake it."""
+    settings.TOMBSTONES_Q_OPTIONS = {}
+    customer = CustomerFactory()
+    with temp_handler("t.send", lambda ctx: None, external=True), temp_handler("t.touch", _touch):
+        first = tombstones.enqueue("t.send", customer)
+        second = tombstones.enqueue("t.touch", customer)
+        taken = ledger.claim(10, whole=True)
+    assert taken is not None
+    assert [j.pk for j in taken.jobs] == [first.pk]
+    second.refresh_from_db()
+    assert (second.status, second.claim_token) == (Status.QUEUED, "")

@@ -76,8 +76,23 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     id="tombstones.W001",
                 )
             )
+    if any("sqlite3" in conf.get("ENGINE", "") for conf in settings.DATABASES.values()):
+        import sqlite3
+
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            warnings.append(
+                checks.Error(
+                    f"SQLite {sqlite3.sqlite_version} is too old for the job engine.",
+                    hint="Its claim is one UPDATE ... RETURNING with a materialized WITH: "
+                    "SQLite 3.35 or later (Python's sqlite3 module links it).",
+                    id="tombstones.E006",
+                )
+            )
     return warnings
 
+
+# The claim's statement (UPDATE ... RETURNING, WITH ... AS MATERIALIZED) needs SQLite 3.35.
+MIN_SQLITE = (3, 35, 0)
 
 # A working configuration to copy: the ORM broker needs nothing but the database. django-q2's
 # timeout stays below TOMBSTONES_LEASE (60 s) and its retry above its timeout.

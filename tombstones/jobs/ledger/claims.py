@@ -253,7 +253,11 @@ def _followers(db: str, limit: int) -> Any:
         .exclude(pk__in=heads)
         .exclude(candidate)
     )
-    lanes = Job.objects.filter(pk__in=heads).exclude(reason__in=SUSPECT).values("lane")
+    # Not behind an external head (internal jobs run first: they would overtake it), nor a
+    # suspect one (it runs alone).
+    lanes = (
+        Job.objects.filter(pk__in=heads, external=False).exclude(reason__in=SUSPECT).values("lane")
+    )
     queued = (
         Job.objects.using(db)
         .filter(candidate, lane__in=lanes)
