@@ -258,13 +258,15 @@ def _followers(db: str, limit: int) -> Any:
     lanes = (
         Job.objects.filter(pk__in=heads, external=False).exclude(reason__in=SUSPECT).values("lane")
     )
-    queued = (
-        Job.objects.using(db)
-        .filter(candidate, lane__in=lanes)
+    # The first ``limit`` candidates first, then the blocker test on those only: tested on
+    # every queued job of a long lane, it would read the lane once per job.
+    first = (
+        Job.objects.filter(candidate, lane__in=lanes)
         .exclude(pk__in=heads)
-        .exclude(Exists(blocker))
+        .order_by("queued_at", "id")
+        .values("id")[:limit]
     )
-    return queued.order_by("queued_at", "id").values("id")[:limit]
+    return Job.objects.using(db).filter(pk__in=first).exclude(Exists(blocker)).values("id")
 
 
 def _compiled(qs: Any, db: str) -> tuple[str, tuple[Any, ...]]:
