@@ -109,18 +109,26 @@ def claim(
 ) -> Claim | None:
     """Take due lane heads with one statement (committed): running, leased, attempt + 1.
 
-    No look first: the statement picks the heads (on PostgreSQL ``FOR UPDATE SKIP LOCKED``, so
-    workers claiming at once take different heads instead of waiting on each other), and a
-    ``whole`` claim reserves their lanes' next queued jobs in the same statement
-    (:func:`_followers`). It takes up to ``limit`` heads when ``whole`` (quick handlers: one
-    worker running them in one transaction beats several splitting them), else this worker's
-    share of a batch (``limit / workers``). A job whose last claim ended without an outcome (a
-    crash) is kept alone, so that a job that kills its worker is told apart from its
-    batch-mates. The unique running-lane index is the last word. Returns None when nothing is
-    due.
+    The statement picks the heads (on PostgreSQL ``FOR UPDATE SKIP LOCKED``, so workers
+    claiming at once take different heads instead of waiting on each other), and a ``whole``
+    claim reserves their lanes' next queued jobs in the same statement (:func:`_followers`).
+    A ``whole`` claim (quick handlers: one worker running them in one transaction beats several
+    splitting them) takes up to ``limit`` heads with no look first. Otherwise, with several
+    workers, a count of the due heads first sizes this worker's share (1/``workers`` of them):
+    slow handlers are worth the round trip, and the rest is left to a helper at once. A job
+    whose last claim ended without an outcome (a crash) is kept alone, so that a job that kills
+    its worker is told apart from its batch-mates. The unique running-lane index is the last
+    word. Returns None when nothing is due.
     """
     db = using or router.db_for_write(Job)
-    size = limit if whole or ids is not None else max(1, math.ceil(limit / max(workers, 1)))
+    seen = None
+    size = limit
+    if not whole and ids is None and workers > 1:
+        due = Job.objects.using(db).claimable().order_by().values("id")[: limit * workers]
+        seen = Job.objects.using(db).filter(pk__in=due).count()
+        if not seen:
+            return None
+        size = max(1, min(limit, math.ceil(seen / workers)))
     token, wid = uuid.uuid4().hex, worker_id()
     sql, params = _statement(db, size, token, wid, whole=whole and ids is None, ids=ids)
     try:
@@ -151,8 +159,10 @@ def claim(
         mine(claimed, [job.pk for job in taken if job is not alone]).update(**given_back())
         claimed.jobs = [alone]
         return claimed
-    # A full batch: more may be due, for the other workers (a hint, not a count).
-    claimed.left = len(heads) if len(heads) >= size else 0
+    if seen is not None:
+        claimed.left = max(0, seen - len(heads))
+    else:  # a full batch: more may be due, for the other workers (a hint, not a count)
+        claimed.left = len(heads) if len(heads) >= size else 0
     return claimed
 
 
