@@ -22,16 +22,27 @@ from typing import Any, cast
 
 from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Q,
+    Sum,
+    Value,
+    When,
+    Window,
+)
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Now
+from django.db.models.functions import Now, RowNumber
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
-from ..states import SUSPECT, Status
+from ..states import HOLDING, SUSPECT, UNFINISHED, Status
 
 logger = logging.getLogger("tombstones")
 
@@ -124,8 +135,7 @@ def claim(
     seen = None
     size = limit
     if not whole and ids is None and workers > 1:
-        due = Job.objects.using(db).claimable().order_by().values("id")[: limit * workers]
-        seen = Job.objects.using(db).filter(pk__in=due).count()
+        seen = due_heads(limit * workers, using=db)
         if not seen:
             return None
         size = max(1, min(limit, math.ceil(seen / workers)))
@@ -193,27 +203,36 @@ def _statement(
 def _claim_sql(
     db: str, size: int, token: str, wid: str, *, whole: bool, ids: Sequence[int] | None
 ) -> tuple[str, tuple[Any, ...]]:
-    """The claim statement: ``WITH heads, followers UPDATE ... RETURNING *``.
+    """The claim statement: ``WITH lanes, heads, followers UPDATE ... RETURNING *``.
 
-    Built from the ORM's own conditions (:mod:`..queries`), compiled for ``db``; the CTEs are
-    materialized so that the heads are picked (and on PostgreSQL locked) once.
+    ``claim_lanes`` reads the unfinished jobs once, in lane order, and numbers them (window
+    functions): who holds each lane, each queued job's place in its lane's queue. The heads and
+    the followers are picked from it, so that the plan is one pass over the unfinished jobs
+    whatever the planner's statistics say (correlated lookups per job, planned on statistics
+    taken before a backlog arrived, read a lane once per job). The CTEs are materialized so that
+    the heads are picked (and on PostgreSQL locked) once.
     """
     conn = connections[db]
-    heads = Job.objects.using(db).filter(queries.claimable())
-    if ids is not None:
-        heads = heads.filter(pk__in=list(ids))
+    lanes_sql, params = _lanes_sql(db)
+    ctes = [f'"claim_lanes" AS MATERIALIZED ({lanes_sql})']
+    # Every head (no limit here: the limit applies after the lock, so that the heads other
+    # claims are taking at this moment are skipped and the next ones taken instead).
+    picked = _picked_sql(None, ids)
+    # The row's own conditions again: on PostgreSQL they are checked on the row as it is when
+    # locked (another worker may have taken it since this statement's snapshot).
+    heads = Job.objects.using(db).filter(
+        queries.due(), queries.unclaimed(), pk__in=RawSQL(picked, ())
+    )
     heads_sql, heads_params = _compiled(heads.order_by("queued_at", "id").values("id")[:size], db)
     if conn.features.has_select_for_update_skip_locked:
         # Heads another claim is taking right now are skipped, not waited for.
         heads_sql += " FOR UPDATE SKIP LOCKED"
-    ctes = [f'"claim_heads" AS MATERIALIZED ({heads_sql})']
-    params: list[Any] = [*heads_params]
+    ctes.append(f'"claim_heads" AS MATERIALIZED ({heads_sql})')
+    params = (*params, *heads_params)
     is_head = Q(pk__in=RawSQL('SELECT "id" FROM "claim_heads"', ()))
     taken = is_head
     if whole:
-        followers_sql, followers_params = _compiled(_followers(db, size), db)
-        ctes.append(f'"claim_followers" AS MATERIALIZED ({followers_sql})')
-        params += followers_params
+        ctes.append(f'"claim_followers" AS MATERIALIZED ({_followers_sql(size)})')
         # A follower stays queued (its head holds the lane), with the claim's token; the
         # conditions repeated here are checked again on a row another statement changed. One
         # IN over both sets, so that the rows are found by their keys, not by a scan.
@@ -237,46 +256,104 @@ def _claim_sql(
     return sql, (*params, *update_params)
 
 
-def _followers(db: str, limit: int) -> Any:
+def _picked_sql(size: int | None, ids: Sequence[int] | None = None) -> str:
+    """Up to ``size`` lane heads from ``claim_lanes``, in lane order: a queued job first in its
+    lane's queue in a lane nobody holds, or a job waiting to be retried that holds its lane
+    alone (:func:`..queries.lane_head`, by numbers), due and not reserved."""
+    where_ids = ""
+    if ids is not None:
+        where_ids = f' AND "id" IN ({", ".join(str(int(pk)) for pk in ids)})'
+    return (
+        'SELECT "id" FROM "claim_lanes" WHERE "is_due" AND "claim_token" = \'\' AND ('
+        f'("status" = \'{Status.QUEUED}\' AND "holders" = 0 AND "place" = 1) OR '
+        f'("status" = \'{Status.RETRY_WAIT}\' AND "holders" = 1)){where_ids}'
+        + (f' ORDER BY "queued_at", "id" LIMIT {int(size)}' if size else "")
+    )
+
+
+def due_heads(limit: int, *, using: str) -> int:
+    """How many lane heads are due (at most ``limit``): one pass over the unfinished jobs."""
+    lanes_sql, params = _lanes_sql(using)
+    sql = f'WITH "claim_lanes" AS ({lanes_sql}) SELECT COUNT(*) FROM ({_picked_sql(limit)}) "p"'
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.fetchone()[0])
+
+
+def _lanes_sql(db: str) -> tuple[str, tuple[Any, ...]]:
+    """Every unfinished job with its lane's numbers: ``holders`` (running, retry_wait, paused
+    jobs of its lane), ``place`` (its rank among its lane's jobs of its status, in lane order),
+    ``is_due`` and ``candidate`` (a job that may follow its lane's head in a claim)."""
+    holding = Case(When(status__in=HOLDING, then=1), default=0, output_field=IntegerField())
+    candidate = ExpressionWrapper(
+        queries.due()
+        & queries.unclaimed()
+        & Q(status=Status.QUEUED, external=False)
+        & ~Q(reason__in=SUSPECT),
+        output_field=BooleanField(),
+    )
+    rows = (
+        Job.objects.using(db)
+        .filter(status__in=UNFINISHED)
+        .annotate(
+            is_due=ExpressionWrapper(queries.due(), output_field=BooleanField()),
+            candidate=candidate,
+            holders=Window(Sum(holding), partition_by=[F("lane")]),
+            place=Window(
+                RowNumber(),
+                partition_by=[F("lane"), F("status")],
+                order_by=[F("queued_at").asc(), F("id").asc()],
+            ),
+        )
+        .order_by()
+        .values(
+            "id",
+            "lane",
+            "status",
+            "queued_at",
+            "claim_token",
+            "external",
+            "reason",
+            "is_due",
+            "candidate",
+            "holders",
+            "place",
+        )
+    )
+    return _compiled(rows, db)
+
+
+def _followers_sql(limit: int) -> str:
     """The next queued jobs of the heads' lanes (at most ``limit``): lane followers.
 
     A follower stays ``queued`` (a lane has one running job, its head) with the claim's token and
     one more attempt, and runs in its head's group, after it, on the record as the head left it.
     Its outcome is recorded with the others'; if its turn does not come, it is given back.
-    Only an unbroken run behind the head: no job it must wait for (an external or suspect
-    job, one reserved or not due) is queued before it. Ordered by place and cut at ``limit``,
-    each lane's followers are the first of its queue.
+    Only an unbroken run behind the head: no queued job it must wait for (an external or
+    suspect job, one reserved or not due) comes before it in its lane (``block``: the first
+    such place). Not behind an external head (internal jobs run first: they would overtake it),
+    nor a suspect one (it runs alone). Ordered by place and cut at ``limit``, each lane's
+    followers are the first of its queue.
     """
-    heads = RawSQL('SELECT "id" FROM "claim_heads"', ())
-    candidate = (
-        queries.due()
-        & queries.unclaimed()
-        & Q(status=Status.QUEUED, external=False)
-        & ~Q(reason__in=SUSPECT)
-    )
-    blocker = (
-        Job.objects.filter(
-            queries.placed_before(OuterRef("queued_at"), OuterRef("id")),
-            lane=OuterRef("lane"),
-            status=Status.QUEUED,
-        )
-        .exclude(pk__in=heads)
-        .exclude(candidate)
-    )
-    # Not behind an external head (internal jobs run first: they would overtake it), nor a
-    # suspect one (it runs alone).
+    queued = Status.QUEUED
+    suspect = ", ".join(f"'{reason}'" for reason in SUSPECT)
+    # Per lane: the first place a follower may not pass, and whether a head that may lead
+    # followers (internal, not suspect) was taken in it. Hashed lookups into claim_heads, so
+    # that the plan stays one pass.
     lanes = (
-        Job.objects.filter(pk__in=heads, external=False).exclude(reason__in=SUSPECT).values("lane")
+        'SELECT "id", "status", "queued_at", "candidate", "place", '
+        f'MIN(CASE WHEN "status" = \'{queued}\' AND NOT "candidate" THEN "place" END) '
+        'OVER (PARTITION BY "lane") AS "block", '
+        'MAX(CASE WHEN "id" IN (SELECT "id" FROM "claim_heads") AND NOT "external" '
+        f'AND "reason" NOT IN ({suspect}) THEN 1 ELSE 0 END) OVER (PARTITION BY "lane") AS "led" '
+        'FROM "claim_lanes"'
     )
-    # The first ``limit`` candidates first, then the blocker test on those only: tested on
-    # every queued job of a long lane, it would read the lane once per job.
-    first = (
-        Job.objects.filter(candidate, lane__in=lanes)
-        .exclude(pk__in=heads)
-        .order_by("queued_at", "id")
-        .values("id")[:limit]
+    return (
+        f'SELECT "id" FROM ({lanes}) "queue" WHERE "status" = \'{queued}\' AND "candidate" '
+        'AND "led" = 1 AND ("block" IS NULL OR "place" < "block") '
+        'AND "id" NOT IN (SELECT "id" FROM "claim_heads") '
+        f'ORDER BY "queued_at", "id" LIMIT {int(limit)}'
     )
-    return Job.objects.using(db).filter(pk__in=first).exclude(Exists(blocker)).values("id")
 
 
 def _compiled(qs: Any, db: str) -> tuple[str, tuple[Any, ...]]:
