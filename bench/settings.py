@@ -33,3 +33,6 @@ if os.environ.get("BENCH_CONN_MAX_AGE"):
 if os.environ.get("BENCH_LEASE"):
     TOMBSTONES_LEASE = float(os.environ["BENCH_LEASE"])
     Q_CLUSTER["timeout"] = max(1, int(TOMBSTONES_LEASE) - 1)
+
+if os.environ.get("BENCH_BATCH_SIZE"):
+    TOMBSTONES_BATCH_SIZE = int(os.environ["BENCH_BATCH_SIZE"])

@@ -467,7 +467,9 @@ def test_claims__four_workers_take_disjoint_sets_of_one_job_lanes(
             Job.objects.all().delete()
             for customer in customers:
                 tombstones.enqueue("t.touch", customer)
-            claims = succeeded(run_together(*[lambda: ledger.claim(4, whole=True)] * 4))
+            # workers=4, as the pump passes its cluster's: the lanes a claim looks into cover
+            # every worker claiming at once.
+            claims = succeeded(run_together(*[lambda: ledger.claim(4, workers=4, whole=True)] * 4))
             taken = [j.pk for c in claims if c for j in c.jobs]
             assert len(taken) == len(set(taken)) == 16, claims
 

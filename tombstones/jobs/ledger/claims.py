@@ -25,17 +25,20 @@ from django.db import DatabaseError, IntegrityError, connections, models, router
 from django.db.models import (
     BooleanField,
     Case,
+    Count,
     ExpressionWrapper,
     F,
     IntegerField,
+    Min,
     Q,
+    RowRange,
     Sum,
     Value,
     When,
     Window,
 )
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Now, RowNumber
+from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -140,7 +143,9 @@ def claim(
             return None
         size = max(1, min(limit, math.ceil(seen / workers)))
     token, wid = uuid.uuid4().hex, worker_id()
-    sql, params = _statement(db, size, token, wid, whole=whole and ids is None, ids=ids)
+    sql, params = _statement(
+        db, size, token, wid, whole=whole and ids is None, ids=ids, workers=workers
+    )
     try:
         with _savepoint(db):
             taken = list(Job.objects.db_manager(db).raw(sql, params))
@@ -176,22 +181,33 @@ def claim(
     return claimed
 
 
-# The claim statement by (database, size, whole, lease), compiled once per process: building it
-# through the ORM costs more than running it. The token and the worker are filled in per claim.
+# The claim statement by (database, size, reach, whole, lease), compiled once per process:
+# building it through the ORM costs more than running it. The token and the worker are filled
+# in per claim.
 _compiled_claims: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
 _TOKEN, _WORKER = "\x00token", "\x00worker"
 
 
 def _statement(
-    db: str, size: int, token: str, wid: str, *, whole: bool, ids: Sequence[int] | None
+    db: str,
+    size: int,
+    token: str,
+    wid: str,
+    *,
+    whole: bool,
+    ids: Sequence[int] | None,
+    workers: int = 1,
 ) -> tuple[str, tuple[Any, ...]]:
     if ids is not None:
         return _claim_sql(db, size, token, wid, whole=whole, ids=ids)
-    key = (db, connections[db].vendor, size, whole, tombstone_settings.LEASE)
+    # The lanes a claim looks into: enough for every worker claiming at once to find heads of
+    # its own (SKIP LOCKED passes over the others'), and some held ones.
+    reach = size * (max(workers, 1) + 1)
+    key = (db, connections[db].vendor, size, reach, whole, tombstone_settings.LEASE)
     if key not in _compiled_claims:
         if len(_compiled_claims) > 64:  # sizes follow the settings: a handful in practice
             _compiled_claims.clear()
-        compiled = _claim_sql(db, size, _TOKEN, _WORKER, whole=whole, ids=None)
+        compiled = _claim_sql(db, size, _TOKEN, _WORKER, whole=whole, ids=None, reach=reach)
         if compiled[1].count(_TOKEN) != 1 or compiled[1].count(_WORKER) != 1:
             raise RuntimeError("the claim statement does not take its token as a parameter")
         _compiled_claims[key] = compiled
@@ -201,7 +217,14 @@ def _statement(
 
 
 def _claim_sql(
-    db: str, size: int, token: str, wid: str, *, whole: bool, ids: Sequence[int] | None
+    db: str,
+    size: int,
+    token: str,
+    wid: str,
+    *,
+    whole: bool,
+    ids: Sequence[int] | None,
+    reach: int | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """The claim statement: ``WITH lanes, heads, followers UPDATE ... RETURNING *``.
 
@@ -213,7 +236,7 @@ def _claim_sql(
     the heads are picked (and on PostgreSQL locked) once.
     """
     conn = connections[db]
-    lanes_sql, params = _lanes_sql(db)
+    lanes_sql, params = _lanes_sql(db, reach if ids is None else None)
     ctes = [f'"claim_lanes" AS MATERIALIZED ({lanes_sql})']
     # Every head (no limit here: the limit applies after the lock, so that the heads other
     # claims are taking at this moment are skipped and the next ones taken instead).
@@ -273,17 +296,23 @@ def _picked_sql(size: int | None, ids: Sequence[int] | None = None) -> str:
 
 def due_heads(limit: int, *, using: str) -> int:
     """How many lane heads are due (at most ``limit``): one pass over the unfinished jobs."""
-    lanes_sql, params = _lanes_sql(using)
+    lanes_sql, params = _lanes_sql(using, limit)
     sql = f'WITH "claim_lanes" AS ({lanes_sql}) SELECT COUNT(*) FROM ({_picked_sql(limit)}) "p"'
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.fetchone()[0])
 
 
-def _lanes_sql(db: str) -> tuple[str, tuple[Any, ...]]:
-    """Every unfinished job with its lane's numbers: ``holders`` (running, retry_wait, paused
-    jobs of its lane), ``place`` (its rank among its lane's jobs of its status, in lane order),
-    ``is_due`` and ``candidate`` (a job that may follow its lane's head in a claim)."""
+def _lanes_sql(db: str, reach: int | None) -> tuple[str, tuple[Any, ...]]:
+    """Every unfinished job of the first ``reach`` lanes (all lanes if None) with its lane's
+    numbers: ``holders`` (running, retry_wait, paused jobs of its lane), ``place`` (a queued
+    job's place in its lane's queue), ``is_due`` and ``candidate`` (a job that may follow its
+    lane's head in a claim).
+
+    The first lanes: those with a due, unreserved job and no running or paused one, in the
+    order of their earliest such job (one grouped pass, hashed lookups). Only their jobs are
+    numbered: the claim's cost follows the lanes it may take from, not the whole backlog.
+    """
     holding = Case(When(status__in=HOLDING, then=1), default=0, output_field=IntegerField())
     candidate = ExpressionWrapper(
         queries.due()
@@ -292,17 +321,30 @@ def _lanes_sql(db: str) -> tuple[str, tuple[Any, ...]]:
         & ~Q(reason__in=SUSPECT),
         output_field=BooleanField(),
     )
+    unfinished = Job.objects.using(db).filter(status__in=UNFINISHED)
+    if reach is not None:
+        stopped = Job.objects.filter(status__in=[Status.RUNNING, Status.PAUSED]).values("lane")
+        first = (
+            Job.objects.filter(queries.due(), queries.unclaimed())
+            .exclude(lane__in=stopped)
+            .values("lane")
+            .annotate(first_at=Min("queued_at"), first_id=Min("id"))
+            .order_by("first_at", "first_id")
+            .values("lane")[:reach]
+        )
+        unfinished = unfinished.filter(lane__in=first)
     rows = (
-        Job.objects.using(db)
-        .filter(status__in=UNFINISHED)
-        .annotate(
+        unfinished.annotate(
             is_due=ExpressionWrapper(queries.due(), output_field=BooleanField()),
             candidate=candidate,
             holders=Window(Sum(holding), partition_by=[F("lane")]),
+            # Queued jobs of the lane so far, in lane order: a queued job's place in its
+            # lane's queue. Both windows read the lane in the lane index's order: no sort.
             place=Window(
-                RowNumber(),
-                partition_by=[F("lane"), F("status")],
+                Count("id", filter=Q(status=Status.QUEUED)),
+                partition_by=[F("lane")],
                 order_by=[F("queued_at").asc(), F("id").asc()],
+                frame=RowRange(start=None, end=0),
             ),
         )
         .order_by()
