@@ -5,8 +5,10 @@
 #                             (its own .venv-demo: the app, django-q2 and the [demo] extra only)
 #   make demo-reset           delete the demo database and .mail/, migrate and seed again
 #                             (refused while the demo runs, on whatever address)
-#   make test                 the test suite on SQLite
+#   make test                 the test suite on SQLite (4 processes, then the serial tests)
 #   make test DATABASE_URL=postgres://postgres@127.0.0.1:5432/test   ... on PostgreSQL
+#   make test TEST_MARKS="not walkthrough and not browser" PYTEST_ARGS="-x"   ... a part of it
+#   make test TEST_WORKERS=0  in one process
 #   make lint                 ruff check, ruff format --check, mypy
 #   make wheel                build dist/*.whl
 #
@@ -18,6 +20,9 @@ VENV ?= .venv
 EXTRAS ?= dev
 DJANGO_SPEC ?=
 PYTEST_ARGS ?=
+# make test: processes for the parallel part, and a marker expression narrowing the run.
+TEST_WORKERS ?= 4
+TEST_MARKS ?=
 
 # The demo's environment: what the demo needs, none of the dev tools (Playwright, mypy, ...).
 DEMO_VENV ?= .venv-demo
@@ -38,6 +43,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make venv | demo | demo-reset | test | lint | wheel | clean"
 	@echo "  variables: VENV=$(VENV) PYTHON=$(PYTHON) DJANGO_SPEC='$(DJANGO_SPEC)' PYTEST_ARGS='$(PYTEST_ARGS)'"
+	@echo "             TEST_WORKERS=$(TEST_WORKERS) TEST_MARKS='$(TEST_MARKS)'"
 
 # --- environment -----------------------------------------------------------------------------
 
@@ -76,12 +82,12 @@ seed: demo-venv
 
 # --- checks ----------------------------------------------------------------------------------
 
-# pytest's exit code 5 ("no tests collected") is a failure here: a green run must have run tests.
+# The independent tests on TEST_WORKERS processes (pytest-xdist), then those marked serial alone
+# (scripts/test.sh). pytest's exit code 5 ("no tests collected") is a failure: a green run must
+# have run tests.
 test: $(STAMP)
 	@if [ -n "$$DATABASE_URL" ]; then echo "database: $${DATABASE_URL%%://*}"; else echo "database: sqlite"; fi
-	@$(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests (exit 5)" >&2; exit 1; fi; \
-	exit $$rc
+	@TEST_WORKERS="$(TEST_WORKERS)" TEST_MARKS="$(TEST_MARKS)" bash scripts/test.sh $(VPY) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -3,8 +3,21 @@ tests/acceptance (real worker processes, real browser, the seed's acceptance tes
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.db import connection
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A serial test (it restarts the shared PostgreSQL server) would cut the connections of every
+    # other xdist process: under xdist it is skipped, and make test runs it alone afterwards.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    alone = pytest.mark.skip(reason="marked serial: make test runs it alone, after the others")
+    for item in items:
+        if item.get_closest_marker("serial"):
+            item.add_marker(alone)
 
 
 def is_postgres() -> bool:

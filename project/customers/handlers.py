@@ -88,20 +88,33 @@ def _mailer() -> Any:
     return mailers.default
 
 
+# What Django's file email backend writes after each message.
+MAIL_SEPARATOR = b"-" * 79 + b"\n"
+
+
 def erase_welcome_mail(reference: str) -> int:
     """Delete the demo's emails to this customer from the file email backend's folder.
 
-    Idempotent, so a retried or repeated erasure is harmless. Other backends keep no copy here.
+    A file holds every message one backend instance wrote, and two instances made in the same
+    second may share a file: only this customer's messages go, the others' stay. Idempotent, so a
+    retried or repeated erasure is harmless. Other backends keep no copy here.
     """
     connection = _mailer()
     if not isinstance(connection, FileEmailBackend):
         return 0
-    marker = re.compile(rf"^{re.escape(CUSTOMER_HEADER)}: {re.escape(reference)}\r?$", re.M)
+    header = f"{CUSTOMER_HEADER}: {reference}".encode()
+    marker = re.compile(rb"^" + re.escape(header) + rb"\r?$", re.M)
     removed = 0
     for path in Path(connection.file_path).glob("*.log"):
-        if marker.search(path.read_text(encoding="utf-8", errors="replace")):
+        messages = [m for m in path.read_bytes().split(MAIL_SEPARATOR) if m]
+        kept = [m for m in messages if not marker.search(m)]
+        if len(kept) == len(messages):
+            continue
+        removed += len(messages) - len(kept)
+        if kept:
+            path.write_bytes(b"".join(m + MAIL_SEPARATOR for m in kept))
+        else:
             path.unlink(missing_ok=True)
-            removed += 1
     return removed
 
 

@@ -239,6 +239,7 @@ def _ensure_postgres_up() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # restarts the shared server: every other process would lose its connections
 @pytest.mark.postgres
 @pytest.mark.cluster
 def test_crash__postgres_restart_mid_run_every_job_ends_and_nothing_applies_twice(

@@ -25,7 +25,7 @@ from django.db import connection
 
 from tests.readme import block, readme_blocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.walkthrough]
 
 ROOT = Path(settings.BASE_DIR)
 DEMO_PACKAGES = {"django", "django-q2", "django-environ", "tqdm", "django-tombstone-guard"}

@@ -30,7 +30,7 @@ from django.db import connection
 
 from tests.readme import block, readme_blocks
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.walkthrough]
 
 ROOT = Path(settings.BASE_DIR)
 CHECKOUT = "django-tombstone-guard"  # the README's name for the checkout, next to the project

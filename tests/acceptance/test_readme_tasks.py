@@ -32,7 +32,7 @@ from tests.acceptance.test_readme import (  # the same virtualenv and shell
 )
 from tests.readme import block, readme_blocks
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.walkthrough, pytest.mark.tasks]
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,11 @@ from .helpers_cluster import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.tasks,
+    pytest.mark.django_db(transaction=True),
+]
 
 Status, Reason = Job.Status, Job.Reason
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING

@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.mail import EmailMessage
+from django.core.mail.backends.filebased import EmailBackend as FileEmailBackend
 from django.test import Client
 from django.urls import reverse
 
 import tombstones
+from project.customers.handlers import CUSTOMER_HEADER as HEADER
+from project.customers.handlers import erase_welcome_mail
 from project.customers.models import CrmContact, Customer, SheetRow
 from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import make_due, run
@@ -171,3 +175,26 @@ def test_erasure__of_a_recreated_customer_is_rejected_and_writes_nothing(
     row.refresh_from_db()
     assert row.name_hash == before
     assert len(list(mail_dir.glob("*.log"))) == 1
+
+
+def test_erase_welcome_mail__keeps_another_customer_s_mail_in_the_same_file(
+    mail_dir: Path,
+) -> None:
+    """One backend instance writes every message it sends to one file (and two made in the same
+    second may share one): the erasure removes this customer's messages, not the file."""
+    backend = FileEmailBackend(file_path=str(mail_dir))
+    sent = [
+        EmailMessage("Welcome", f"Hi {ref}", None, [f"{ref}@x.test"], headers={HEADER: ref})
+        for ref in ("C-GONE", "C-STAYS", "C-GONE")
+    ]
+    assert backend.send_messages(sent) == 3
+    (path,) = mail_dir.glob("*.log")
+
+    assert erase_welcome_mail("C-GONE") == 2
+    assert erase_welcome_mail("C-GONE") == 0
+
+    text = path.read_text()
+    assert "C-GONE" not in text
+    assert text.count("C-STAYS@x.test") == 1
+    assert erase_welcome_mail("C-STAYS") == 1
+    assert list(mail_dir.glob("*.log")) == []

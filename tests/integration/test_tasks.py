@@ -28,7 +28,7 @@ from tombstones.tasks.compat import (
 )
 from tombstones.testing import RaceFixture
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
