@@ -4,9 +4,11 @@ tests/acceptance (real worker processes, real browser, the seed's acceptance tes
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
+from django.test.utils import override_settings
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -18,6 +20,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("serial"):
             item.add_marker(alone)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hasher() -> Iterator[None]:
+    # Django's default hasher spends 0.2-0.3 s on a password by design, and the admin tests make
+    # hundreds of users: a fast one, as Django's docs advise for tests ("Speeding up the tests").
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 def is_postgres() -> bool:
