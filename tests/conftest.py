@@ -4,11 +4,20 @@ tests/acceptance (real worker processes, real browser, the seed's acceptance tes
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 from django.test.utils import override_settings
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background (nohup, or `cmd &` in a script) has SIGINT ignored, and the
+    # processes the tests start inherit that: Ctrl-C would never stop the demo or the README's
+    # qcluster (a shell cannot trap a signal ignored at its start). A handler is reset at exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
