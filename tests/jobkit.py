@@ -86,10 +86,12 @@ def run(job: Job) -> Job:
 
 
 def make_due(job: Job) -> None:
-    """Back-date run_after instead of sleeping through a backoff."""
+    """Back-date run_after instead of sleeping through a backoff (and its lane's hint, which
+    comes due with it: a retry's ``ready_at`` is its ``run_after``)."""
     from datetime import timedelta
 
-    Job.objects.filter(pk=job.pk).update(run_after=Now() - Value(timedelta(seconds=1)))
+    back = Now() - Value(timedelta(seconds=1))
+    Job.objects.filter(pk=job.pk).update(run_after=back, ready_at=back)
 
 
 def events(job: Job) -> list[str]:

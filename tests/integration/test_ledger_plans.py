@@ -25,11 +25,15 @@ LEDGER = 200_000
 TABLES = re.compile(r'"?tombstones_job(event)?"?', re.I)
 SEQ_SCAN = re.compile(r"Seq Scan on (tombstones_job(?:event)?)\b")
 INDEX = re.compile(r"(?:Index Scan|Index Only Scan|Bitmap Index Scan) (?:using |on )(\w+)")
-# The job table's indexes over unfinished jobs only, and its primary key.
+# The job table's indexes over unfinished jobs only, its primary key, and the indexes over the
+# few rows that carry a hint or a claim's token (a finished job leaves them within a moment).
 UNFINISHED_ONLY = {
     "tombstones_job_pkey",
     "tombstones_job_lane_place",
     "tombstones_job_one_running_per_lane",
+    "tombstones_job_hint",
+    "tombstones_job_hint_lane",
+    "tombstones_job_held",
 }
 
 
@@ -95,6 +99,9 @@ def test_plans__on_sqlite_the_engine_reads_through_indexes_too() -> None:
             plan = [row[-1] for row in cursor.fetchall()]
             full = [s for s in plan if s.startswith("SCAN ") and "USING" not in s]
             full = [s for s in full if "django_content_type" not in s and "CONSTANT" not in s]
+            # The claim's own subqueries (one lane's first jobs, its hints: index searches) and
+            # its list of ids.
+            full = [s for s in full if not s.startswith(("SCAN part_", "SCAN json_each"))]
             if full:
                 scans.append((full, sql[-500:]))
     assert scans == [], scans

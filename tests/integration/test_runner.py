@@ -68,7 +68,10 @@ def test_runner__one_wake_runs_every_due_job_in_few_statements(queued: Any) -> N
     control = [q for q in queries if q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
     per_job = (len(queries) - len(control)) / 40
     print(f"one road: {per_job:.2f} statements per job, {len(control) / 40:.2f} savepoint ones")
-    assert per_job <= 1.5, f"{per_job:.2f} statements per job"
+    # One write per job, the outcomes' UPDATE per group, and a few statements per claim (the
+    # hinted lanes, their jobs, the UPDATE that takes them; on PostgreSQL the lanes' and jobs'
+    # locks), the hints the finished jobs left cleared by the next claim in one statement.
+    assert per_job <= 1.65, f"{per_job:.2f} statements per job"
     # One per job (kept to the commit, never released), and the few of the claims' and groups'
     # own transactions (savepoints here, in the test's transaction: each claim statement, the
     # last one that finds nothing included, gets one).
@@ -163,16 +166,19 @@ def test_runner__a_zombie_claim_writes_nothing(queued: Any) -> None:
     assert all(events(j).count("succeeded") == 1 for j in jobs)
 
 
-def test_runner__a_claim_is_one_statement_that_returns_what_it_took(queued: Any) -> None:
-    """No look before the claim: one statement picks the heads and takes them."""
+def test_runner__a_claim_reads_its_lanes_and_takes_them_in_few_statements(queued: Any) -> None:
+    """No count before the claim: the hinted lanes, their first jobs, the UPDATE that takes
+    them (PostgreSQL adds the locks of the lanes and the jobs taken)."""
     jobs = queued(3)
     with CaptureQueriesContext(connection) as captured:
         taken = ledger.claim(10, whole=True)
     assert taken is not None
     assert [j.pk for j in taken.jobs] == [j.pk for j in jobs]
     data = [q["sql"] for q in captured if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
-    assert len(data) == 1, data
-    assert data[0].startswith("WITH"), data
+    data = [sql for sql in data if sql not in ("BEGIN", "COMMIT")]
+    assert len(data) == (5 if connection.vendor == "postgresql" else 3), data
+    assert data[-1].startswith("UPDATE"), data
+    assert data[-1].endswith("RETURNING *"), data
     assert _statuses(jobs) == [Status.RUNNING] * 3
     assert all(j.claim_token == taken.token and j.attempts == 1 for j in taken.jobs)
     assert taken.clock is not None
@@ -210,7 +216,8 @@ def test_lanes__a_delayed_job_does_not_hold_back_a_later_immediate_one(queued: A
     delayed = tombstones.enqueue("t.touch", customer, run_after=later)
     immediate = tombstones.enqueue("t.touch", customer)
     assert [o.job_id for o in _pump()] == [immediate.pk]
-    Job.objects.filter(pk=delayed.pk).update(run_after=Now(), queued_at=Now())  # now due
+    # Now due (its hint comes due with it).
+    Job.objects.filter(pk=delayed.pk).update(run_after=Now(), queued_at=Now(), ready_at=Now())
     assert [o.job_id for o in _pump()] == [delayed.pk]
     delayed.refresh_from_db()
     assert delayed.found_version == 3  # it ran on what the immediate job left: fenced, in order

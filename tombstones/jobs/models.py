@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from . import queries, states
 from .states import CLAIMABLE, HOLDING, QUEUED, RUNNING, SUSPECT, UNFINISHED, WAITING
 
-__all__ = ["Dashboard", "Job", "JobEvent", "OutcomeRollup", "Rejection"]
+__all__ = ["Dashboard", "Job", "JobEvent", "Lane", "OutcomeRollup", "Rejection"]
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -81,6 +81,17 @@ class JobQuerySet(models.QuerySet["Job"]):
         earlier = queries.placed_before(job.queued_at, job.pk)
         return same_lane.filter(Q(status__in=HOLDING) | (Q(status=QUEUED) & earlier))
 
+    def hinted(self) -> JobQuerySet:
+        """Jobs whose lane a claim should look at now (``ready_at`` has come), oldest first: the
+        engine's own notion of "something may be due", read from a small index."""
+        return self.filter(queries.hinted()).order_by("ready_at", "id")
+
+    def oldest_hint_wait(self) -> timedelta | None:
+        """How long the oldest due hint has waited for a claim to look at it; None if none."""
+        waited = ExpressionWrapper(Now() - F("ready_at"), output_field=DurationField())
+        found = self.hinted().annotate(waited=waited).values_list("waited", flat=True)
+        return found.first()
+
     def oldest_due(self) -> JobQuerySet:
         """The due jobs, the one due longest ago first, each with ``waited``: how long it has
         been due (database clock).
@@ -98,14 +109,18 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def next_due_in(self) -> timedelta | None:
         """How long until something becomes due (a delayed job, a retry, a lease's end), in the
-        database's clock; None when nothing waits."""
-        found = self.aggregate(
-            run=Min(
-                queries.from_now("run_after"), filter=Q(status__in=CLAIMABLE, run_after__gt=Now())
-            ),
-            lease=Min(queries.from_now("lease_expires_at"), filter=Q(status=RUNNING)),
-        )
-        waits = [w for w in (found["run"], found["lease"]) if w is not None]
+        database's clock; None when nothing waits.
+
+        Two reads of small indexes: the hints (a delayed job's or a retry's lane is looked at
+        when it is due) and the jobs claims hold (their leases).
+        """
+        hint = self.filter(ready_at__isnull=False).aggregate(at=Min(queries.from_now("ready_at")))[
+            "at"
+        ]
+        lease = self.filter(queries.held()).aggregate(
+            at=Min(queries.from_now("lease_expires_at"), filter=Q(status=RUNNING))
+        )["at"]
+        waits = [w for w in (hint, lease) if w is not None]
         return max(min(waits), timedelta(0)) if waits else None
 
 
@@ -157,6 +172,11 @@ class Job(models.Model):
     found_version = models.PositiveIntegerField(null=True, blank=True)
     # A plain success stores no events: the version its check found (see row_events).
     checked_version = models.PositiveIntegerField(null=True, blank=True)
+    # A hint for the claims: look at this job's lane from this moment (its enqueue or due time,
+    # its retry's end, the moment it ended or went back to the queue). Set with each change of a
+    # job's state, cleared by the claim that looked; only hinted rows are in its index, so a
+    # claim's cost follows the lanes that changed, not the lanes that wait.
+    ready_at = models.DateTimeField(null=True, blank=True, db_default=Now(), editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -186,6 +206,24 @@ class Job(models.Model):
                 ),
             ),
             models.Index(fields=["content_type", "object_id"], name="tombstones_job_record"),
+            # The claims' hints, in the order they came due, and by lane (a claim clears every
+            # hint of a lane it looked at); a few rows at any time.
+            models.Index(
+                fields=["ready_at", "id"],
+                name="tombstones_job_hint",
+                condition=models.Q(ready_at__isnull=False),
+            ),
+            models.Index(
+                fields=["lane", "ready_at"],
+                name="tombstones_job_hint_lane",
+                condition=models.Q(ready_at__isnull=False),
+            ),
+            # The jobs claims hold (running heads, reserved followers): leases, take-backs.
+            models.Index(
+                fields=["claim_token"],
+                name="tombstones_job_held",
+                condition=~models.Q(claim_token=""),
+            ),
             # The admin's reason filter asks which reasons occur, one probe each (most jobs
             # have none: they stay out of the index).
             models.Index(
@@ -347,6 +385,24 @@ def with_row_events(jobs: list[Job], stored: Any) -> list[JobEvent]:
         if job.pk not in ended:
             events += job.row_events()
     return sorted(events, key=lambda e: (e.created_at, e.pk is None, e.pk or 0))
+
+
+class Lane(models.Model):
+    """One row per ordering key: the lock that keeps a lane's places in commit order.
+
+    On PostgreSQL an enqueue holds its lane's row (``FOR KEY SHARE``) until it commits, and a
+    claim takes a lane only with ``FOR UPDATE SKIP LOCKED``: a job whose enqueue has not
+    committed yet can never be overtaken by a later job of its lane that did. SQLite runs one
+    write transaction at a time and needs no row.
+    """
+
+    key = models.CharField("ordering key", max_length=255, unique=True)
+
+    class Meta:
+        default_permissions = ()  # the engine's, not the admin's
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class OutcomeRollup(models.Model):

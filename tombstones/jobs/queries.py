@@ -88,6 +88,16 @@ def held_by(token: Any) -> Q:
     return Q(claim_token=token, status__in=HELD)
 
 
+def held() -> Q:
+    """Held by a claim (a running head or a reserved follower): the ``claim_token`` index."""
+    return ~Q(claim_token="")
+
+
+def hinted() -> Q:
+    """A claim should look at this job's lane now (its ``ready_at`` hint has come)."""
+    return Q(ready_at__lte=Now())
+
+
 def followers_of(token: Any) -> Q:
     """The lane followers a claim reserved (queued, with its token)."""
     return Q(claim_token=token, status=QUEUED)

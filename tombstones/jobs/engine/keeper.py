@@ -92,7 +92,12 @@ class LeaseKeeper:
                         watch_at = float("inf")  # once per claim
                     self._held[token] = (db, renew_at, watch_at)
             if renew:
-                self.renew(renew)
+                sent = time.monotonic()
+                if self.renew(renew):
+                    with self._changed:
+                        renewed = [c for t in renew if (c := self._claims.get(t)) is not None]
+                    for claim in renewed:
+                        claim.extend(sent)
             with self._changed:
                 slow = [c for t in watch if (c := self._claims.get(t)) is not None]
             for claim in slow:
@@ -139,7 +144,7 @@ class LeaseKeeper:
             return None  # nothing else would run it here (tests, commands driving the phases)
         try:
             open_gate()
-            oldest = Job.objects.using(db).longest_due_wait()
+            oldest = Job.objects.using(db).oldest_hint_wait()
             if oldest is None:
                 return None  # what is enqueued from now on sends its own message
             if oldest.total_seconds() >= WATCH_SECONDS:
@@ -153,7 +158,8 @@ class LeaseKeeper:
             connections.close_all()
 
     @staticmethod
-    def renew(held: dict[str, str]) -> None:
+    def renew(held: dict[str, str]) -> bool:
+        """Renew these claims' leases; False if a renewal failed (their deadlines stay)."""
         from ..ledger import renew
 
         by_db: dict[str, list[str]] = {}
@@ -166,8 +172,10 @@ class LeaseKeeper:
             # On SQLite the handlers' transaction may hold the write lock past the busy timeout;
             # nobody else can take the lease back meanwhile either. Next period tries again.
             logger.warning("lease renewal failed (%s); retrying", type(exc).__name__)
+            return False
         finally:
             connections.close_all()  # this thread's own connections
+        return True
 
 
 _keepers: dict[int, LeaseKeeper] = {}
@@ -192,8 +200,10 @@ def heartbeat(claim: Claim) -> bool:
     from ..ledger import holds_any, renew
 
     conn = connections[claim.using]
+    sent = time.monotonic()
     if not conn.in_atomic_block:
         renew([claim.token], using=claim.using)
+        claim.extend(sent)
         return holds_any(claim.token, using=claim.using)
     if conn.vendor == "sqlite":
         return holds_any(claim.token, using=claim.using)
@@ -202,6 +212,7 @@ def heartbeat(claim: Claim) -> bool:
     def side() -> None:
         try:
             renew([claim.token], using=claim.using)
+            claim.extend(sent)
             result.append(holds_any(claim.token, using=claim.using))
         finally:
             connections.close_all()

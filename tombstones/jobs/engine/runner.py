@@ -146,6 +146,8 @@ def run_claim(
             _give_back(claim, attempts, exc)
             if not isinstance(exc, Exception):
                 raise
+        if claim.expired:
+            _give_back_expired(claim, attempts)
     done = [a.outcome for a in attempts if a.outcome is not None and not a.lost]
     quick = time.monotonic() - started < QUICK_JOB_SECONDS * max(len(done), 1)
     return done, quick
@@ -186,6 +188,21 @@ def _give_back(claim: Claim, attempts: list[phases.Attempt], exc: BaseException)
         attempt.lost = True
     wakeups.hand_off()
     alarms.arm_next(claim.using)  # the culprit's retry
+
+
+def _give_back_expired(claim: Claim, attempts: list[phases.Attempt]) -> None:
+    """This worker stalled past its lease (renewals failed or came late): the jobs whose turn
+    it refused go back, if they are still its own (another worker may have taken them back)."""
+    refused = [a.job for a in attempts if a.outcome is None and a.job.pk not in claim.started]
+    logger.warning(
+        "claim past its lease: %s job(s) not started are given back",
+        len(refused),
+        extra={"tombstones": {"job_ids": [job.pk for job in refused]}},
+    )
+    try:
+        ledger.release(claim, refused)
+    except DatabaseError:
+        logger.warning("could not give back %s job(s); their leases will lapse", len(refused))
 
 
 def result(job_id: Any, outcomes: list[Outcome]) -> dict[str, Any]:

@@ -46,9 +46,9 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
         )
     head = None
     if dispatch:
-        head = Job.objects.using(using).claimable().order_by("queued_at", "id").first()
+        head = Job.objects.using(using).hinted().values_list("id", flat=True).first()
         if head is not None:
-            wake_soon(head.pk)
+            wake_soon(head)
     counts["dispatched"] = int(head is not None)
     return counts
 

@@ -7,7 +7,6 @@ holding and giving back are the statements about who holds a job, not what becam
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -15,23 +14,22 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.contrib.contenttypes.models import ContentType
-from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
-from django.db.models import (
-    F,
-)
+from django.db import DatabaseError, IntegrityError, models, router, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
-from ..states import SUSPECT, Status
-from .claim_statement import due_heads, lease_until, statement
+from ..states import Status
+from . import heads, lanes
 
 logger = logging.getLogger("tombstones")
 
@@ -61,6 +59,17 @@ class Claim:
     started: set[int] = field(default_factory=set)  # jobs whose turn came (worker thread)
     returned: set[int] = field(default_factory=set)  # jobs given back (keeper thread)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # No job's turn starts after this moment (this process's monotonic clock): the lease may
+    # have run out by then, and another worker may have taken the jobs back. Moved forward by
+    # each renewal; measured from before the statement that took or renewed the lease, minus a
+    # margin, so it always comes before the lease's end in the database.
+    deadline: float = math.inf
+    expired: bool = False  # a turn was refused at the deadline: what is left goes back
+
+    def extend(self, sent: float) -> None:
+        """A renewal sent at ``sent`` (monotonic) succeeded."""
+        with self.lock:
+            self.deadline = max(self.deadline, sent + lease_margin())
 
     def db_now(self) -> datetime:
         """The database's time now, as read at the claim plus the time elapsed here since."""
@@ -72,12 +81,22 @@ class Claim:
         return self.clock[0] if self.clock is not None else timezone.now()
 
     def begin(self, job_id: int) -> bool:
-        """The worker starts this job's turn: False if it was given back meanwhile."""
+        """The worker starts this job's turn: False if it was given back meanwhile, or if the
+        lease may have run out (a worker that stalled past its lease starts nothing more)."""
         with self.lock:
             if job_id in self.returned:
                 return False
+            if time.monotonic() > self.deadline:
+                self.expired = True
+                return False
             self.started.add(job_id)
             return True
+
+
+def lease_margin() -> float:
+    """How long after a lease is taken or renewed its holder may still start a job."""
+    lease = tombstone_settings.LEASE.total_seconds()
+    return lease - min(1.0, lease / 10)
 
 
 def _clock_now(clock: tuple[datetime, float]) -> datetime:
@@ -85,9 +104,15 @@ def _clock_now(clock: tuple[datetime, float]) -> datetime:
     return at + timedelta(seconds=time.monotonic() - then)
 
 
+def lease_until() -> Any:
+    """The end of a lease taken or renewed now (database clock)."""
+    return Now() + Value(tombstone_settings.LEASE)
+
+
 def uncharged() -> dict[str, Any]:
-    """A claim's hold on a job ends without counting: no token, its attempt given back."""
-    return {"claim_token": "", "attempts": F("attempts") - 1}
+    """A claim's hold on a job ends without counting: no token, its attempt given back, and its
+    lane to be looked at again (the hint)."""
+    return {"claim_token": "", "attempts": F("attempts") - 1, "ready_at": Now()}
 
 
 def given_back() -> dict[str, Any]:
@@ -103,43 +128,46 @@ def claim(
     ids: Sequence[int] | None = None,
     using: str | None = None,
 ) -> Claim | None:
-    """Take due lane heads with one statement (committed): running, leased, attempt + 1.
+    """Take due lane heads in one transaction (committed): running, leased, attempt + 1.
 
-    The statement picks the heads (on PostgreSQL ``FOR UPDATE SKIP LOCKED``, so workers
-    claiming at once take different heads instead of waiting on each other), and a ``whole``
-    claim reserves their lanes' next queued jobs in the same statement (:func:`_followers_sql`).
-    A ``whole`` claim (quick handlers: one worker running them in one transaction beats several
-    splitting them) takes up to ``limit`` heads with no look first. Otherwise, with several
-    workers, a count of the due heads first sizes this worker's share (1/``workers`` of them):
-    slow handlers are worth the round trip, and the rest is left to a helper at once. A job
-    whose last claim ended without an outcome (a crash) is kept alone, so that a job that kills
-    its worker is told apart from its batch-mates. The unique running-lane index is the last
-    word. Returns None when nothing is due.
+    The lanes looked at are those whose hints came due (:mod:`.heads`), locked on PostgreSQL so
+    that claims at once take different lanes and none takes a lane while one of its enqueues is
+    unfinished (:mod:`.lanes`). A ``whole`` claim (quick handlers: one worker running them in
+    one transaction beats several splitting them) also reserves their lanes' next queued jobs,
+    and takes up to ``limit`` heads with no look first. Otherwise, with several workers, a count
+    of the lanes with due hints first sizes this worker's share (1/``workers`` of them): slow
+    handlers are worth the round trip, and the rest is left to a helper at once. A job whose last
+    claim ended without an outcome (a crash) is taken alone, so that a job that kills its worker
+    is told apart from its batch-mates. The unique running-lane index is the last word. Returns
+    None when nothing is due.
     """
     db = using or router.db_for_write(Job)
     seen = None
     size = limit
     if not whole and ids is None and workers > 1:
-        seen = due_heads(limit * workers, using=db)
+        seen = heads.due_lanes(limit * workers, using=db)
         if not seen:
             return None
         size = max(1, min(limit, math.ceil(seen / workers)))
     token, wid = uuid.uuid4().hex, worker_id()
-    sql, params = statement(
-        db, size, token, wid, whole=whole and ids is None, ids=ids, workers=workers
-    )
-    try:
-        with _savepoint(db):
-            taken = list(Job.objects.db_manager(db).raw(sql, params))
-    except IntegrityError:
-        # The unique running-lane index refused a second running job of a lane (two claims
-        # read the lane at once): nothing was taken, look again.
-        return Claim(token, wid, db, [], left=1, workers=workers)
-    heads = [job for job in taken if job.status == Status.RUNNING]
-    if not heads:
+    sent = time.monotonic()  # the lease is taken after this moment
+    scan = min(size * (max(workers, 1) + 1), heads.MAX_LANES)
+    for _ in range(_LOOKS):
+        try:
+            with transaction.atomic(using=db):
+                taken, picked, more = _take(db, size, scan, token, wid, whole=whole, ids=ids)
+        except IntegrityError:
+            # The unique running-lane index refused a second running job of a lane (a lane
+            # without a row of its own, read by two claims at once): nothing was taken.
+            return Claim(token, wid, db, [], left=1, workers=workers)
+        if taken or not more or not picked.clear:
+            break
+        # Every lane looked at was held: the hints behind them may name free ones.
+    if not taken:
         return None
-    # The database's clock at the claim: what the statement wrote as the heads' start.
-    at = cast(datetime, heads[0].started_at)
+    found = [job for job in taken if job.status == Status.RUNNING]
+    # The database's clock at the claim: what the statement wrote as the jobs' start.
+    at = cast(datetime, taken[0].started_at)
     clock = (at, time.monotonic())
     types = ContentType.objects.db_manager(db)
     oldest = at - tombstone_settings.JOB_MAX_AGE
@@ -148,39 +176,75 @@ def claim(
         job.too_old = job.created_at < oldest  # type: ignore[attr-defined]
     taken.sort(key=_place)
     claimed = Claim(token, wid, db, taken, workers=workers, clock=clock)
-    suspects = [job for job in heads if _suspect(job)]
-    if suspects and len(taken) > 1:
-        # A job whose last claim crashed runs alone: the rest go back, uncharged, in one
-        # statement (rare: only after a crash).
-        alone = min(suspects, key=_place)
-        mine(claimed, [job.pk for job in taken if job is not alone]).update(**given_back())
-        claimed.jobs = [alone]
-        return claimed
+    claimed.deadline = sent + lease_margin()
     if seen is not None:
-        claimed.left = max(0, seen - len(heads))
+        claimed.left = max(0, seen - len(found))
     else:  # a full batch: more may be due, for the other workers (a hint, not a count)
-        claimed.left = len(heads) if len(heads) >= size else 0
+        claimed.left = len(found) if len(found) >= size or picked.left else 0
     return claimed
 
 
-@contextlib.contextmanager
-def _savepoint(db: str) -> Iterator[None]:
-    """One statement in autocommit (no BEGIN/COMMIT); a savepoint inside a caller's transaction,
-    so that a refused claim leaves that transaction usable."""
-    if connections[db].in_atomic_block:
-        with transaction.atomic(using=db):
-            yield
-    else:
-        yield
+# Looks of one claim at most when every lane it looked at was held (hints cleared each time:
+# each look makes progress; the bound keeps one call short).
+_LOOKS = 20
+
+
+def _take(
+    db: str,
+    size: int,
+    scan: int,
+    token: str,
+    wid: str,
+    *,
+    whole: bool,
+    ids: Sequence[int] | None,
+) -> tuple[list[Job], heads.Picked, bool]:
+    """One look, inside the claim's transaction: returns the jobs taken, the choice, and
+    whether more hints may be due than this look read.
+
+    Lanes are locked a few at a time (as many as heads are still wanted), so that claims at
+    once spread over the lanes instead of one locking all it read; a lane found held costs
+    another round, a bounded number of times.
+    """
+    keys, more = heads.read_lanes(db, scan, ids)
+    count = size + 1 if whole and ids is None else 1
+    options: dict[str, Any] = {"size": size, "whole": whole and ids is None, "ids": ids}
+    mine: list[str] = []
+    fronts: dict[str, list[heads.Front]] = {}
+    hints: dict[str, list[heads.Hint]] = {}
+    picked = heads.Picked()
+    for _ in range(_ROUNDS):
+        wanted = size - len(picked.heads)
+        got, went = lanes.take(db, keys, wanted)
+        keys = keys[went:]
+        if got:
+            more_fronts, more_hints = heads.read_lanes_jobs(db, got, count)
+            fronts.update(more_fronts)
+            hints.update(more_hints)
+            mine += got
+            picked = heads.pick(mine, fronts, hints, **options)
+        if not keys or len(picked.heads) >= size or picked.left:
+            break
+    more = more or bool(keys)
+    held = heads.lock(db, picked.ids)
+    if held is not None:
+        picked = heads.pick(mine, fronts, hints, **options, held=held)
+    taken: list[Job] = []
+    if picked.ids:
+        sql, params = heads.take(
+            db, [f.id for f in picked.heads], [f.id for f in picked.followers], token, wid
+        )
+        taken = list(Job.objects.db_manager(db).raw(sql, params))
+    heads.settle_hints(db, picked)
+    return taken, picked, more
+
+
+# Rounds of lane locks one look takes at most (each locks as many lanes as heads are wanted).
+_ROUNDS = 4
 
 
 def _place(job: Job) -> tuple[Any, int]:
     return (job.queued_at, job.pk)
-
-
-# Reasons of a job whose last claim ended without an outcome.
-def _suspect(job: Job) -> bool:
-    return job.reason in SUSPECT
 
 
 def give_back(claim: Claim) -> list[int]:

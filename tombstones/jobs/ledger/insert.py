@@ -10,12 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Value
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
 from ..models import Job
+from . import lanes
 
 
 def insert_job(
@@ -32,7 +33,11 @@ def insert_job(
     run_after: datetime | None = None,
 ) -> Job:
     """Insert a queued job (in the caller's transaction if there is one, so a rolled-back request
-    leaves no job); see :meth:`.models.Job.enqueued_event`."""
+    leaves no job); see :meth:`.models.Job.enqueued_event`.
+
+    Its lane's row is held from before the INSERT until the commit (:mod:`.lanes`), so that
+    its place (the INSERT's time) is behind every job of the lane a claim may have taken.
+    """
     fields: dict[str, Any] = {
         "handler": handler,
         "content_type": content_type,
@@ -47,8 +52,13 @@ def insert_job(
         # A delayed job takes its place in its lane when it is due; never before now, so that it
         # cannot overtake the jobs queued before it.
         due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
-        fields["run_after"] = fields["queued_at"] = due
-    job = Job.objects.using(db).create(**fields)
+        fields["run_after"] = fields["queued_at"] = fields["ready_at"] = due
+    if lanes.guarded(db):
+        with transaction.atomic(using=db, savepoint=False):
+            lanes.hold(db, lane)
+            job = Job.objects.using(db).create(**fields)
+    else:
+        job = Job.objects.using(db).create(**fields)
     if run_after is not None:  # the row holds the database's answer; this is close to it
         job.run_after = job.queued_at = max(run_after, timezone.now())
     return job

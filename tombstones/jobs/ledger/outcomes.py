@@ -203,6 +203,7 @@ def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **ext
             *[When(pk=pk, then=Now() + Value(delay)) for pk, delay in retries.items()],
             default=F("run_after"),
         )
+    fields["ready_at"] = _hints(by_id)
     erase = {pk for pk, o in by_id.items() if o.erase_params}
     if erase:
         fields["params"] = _only(erase, by_id, EMPTY_PARAMS, F("params"))
@@ -215,6 +216,21 @@ def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **ext
         for outcome in outcomes:
             outcome.job.status, outcome.job.reason = outcome.status, outcome.reason
     return matched
+
+
+def _hints(by_id: dict[int, Outcome]) -> Any:
+    """When a claim should look at each job's lane: now (it ended, or went back to the queue),
+    when its retry is due (it keeps holding its lane), or never for a paused job (its resume
+    hints)."""
+    cases = []
+    for pk, o in by_id.items():
+        if o.status == Status.PAUSED:
+            cases.append(When(pk=pk, then=Value(None, output_field=models.DateTimeField())))
+        elif o.retry_in is not None:
+            cases.append(When(pk=pk, then=Now() + Value(o.retry_in)))
+    if not cases:
+        return Now()
+    return Case(*cases, default=Now(), output_field=models.DateTimeField())
 
 
 def _only(ids: set[int], by_id: dict[int, Outcome], value: Any, otherwise: Any) -> Any:

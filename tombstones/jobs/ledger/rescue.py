@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import router
+from django.db import router, transaction
 from django.db.models import Exists, F, OuterRef, Q
 
 from ...conf import tombstone_settings
@@ -37,45 +37,20 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
     shared = Exists(
         Job.objects.filter(queries.held_by(OuterRef("claim_token"))).exclude(pk=OuterRef("pk"))
     )
-    rows = lapsed.select_related("content_type").annotate(shared=shared).order_by("id")[:limit]
-    for job in rows:
-        still = queries.lease_ran_out() & Q(claim_token=job.claim_token)
-        common: dict[str, Any] = {"claim_token": "", "lease_expires_at": None, "by": worker_id()}
-        # The claim that ends here without an outcome, as its row recorded it.
-        common["before"] = [event_row(job, Event.CLAIMED, worker=job.owner, at=job.started_at)]
-        if job.sending_at is not None:
-            counts["uncertain"] += transition(
-                job,
-                Status.UNCERTAIN,
-                Reason.OUTCOME_UNKNOWN,
-                from_status=(Status.RUNNING,),
-                extra_filter=still,
-                **common,
-            )
-        elif not job.shared and job.attempts >= tombstone_settings.MAX_ATTEMPTS:
-            counts["crashed"] += transition(
-                job,
-                Status.FAILED,
-                Reason.CRASHED,
-                from_status=(Status.RUNNING,),
-                extra_filter=still,
-                **common,
-            )
-        else:
-            if job.shared:
-                common["attempts"] = F("attempts") - 1
-            counts["requeued"] += transition(
-                job,
-                Status.QUEUED,
-                Reason.LEASE_EXPIRED,
-                from_status=(Status.RUNNING,),
-                extra_filter=still,
-                **common,
-            )
-        if job.shared:
-            # Its claim's lane followers: never started (or rolled back with it).
-            followers = Job.objects.using(db).filter(queries.followers_of(job.claim_token))
-            followers.update(**uncharged(), reason=Reason.LEASE_EXPIRED)
+    rows = lapsed.select_related("content_type").annotate(shared=shared)
+    claims: dict[str, list[Any]] = {}
+    for job in rows.order_by("claim_token", "id")[:limit]:
+        claims.setdefault(job.claim_token, []).append(job)
+    for token, jobs in claims.items():
+        # A dead claim is taken back whole, in one transaction: its heads and the followers it
+        # reserved return together, never some now and some later.
+        with transaction.atomic(using=db):
+            for job in jobs:
+                _take_back(job, counts)
+            if any(job.shared for job in jobs):
+                # Its lane followers: never started (or rolled back with it).
+                followers = Job.objects.using(db).filter(queries.followers_of(token))
+                followers.update(**uncharged(), reason=Reason.LEASE_EXPIRED)
     # Followers whose claim holds nothing running: its worker died before giving them back (or
     # is about to: then its own give-back finds nothing to do). Never started, so uncharged.
     # (Looked for first: an UPDATE would wait for SQLite's write lock even when none is found.)
@@ -85,3 +60,41 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
             Job.objects.using(db).orphaned().filter(pk__in=orphans).update(**uncharged())
         )
     return counts
+
+
+def _take_back(job: Any, counts: dict[str, int]) -> None:
+    """One running job of a lapsed claim: uncertain if its call was sent, failed once it was
+    claimed alone too often, else queued again in its place."""
+    still = queries.lease_ran_out() & Q(claim_token=job.claim_token)
+    common: dict[str, Any] = {"claim_token": "", "lease_expires_at": None, "by": worker_id()}
+    # The claim that ends here without an outcome, as its row recorded it.
+    common["before"] = [event_row(job, Event.CLAIMED, worker=job.owner, at=job.started_at)]
+    if job.sending_at is not None:
+        counts["uncertain"] += transition(
+            job,
+            Status.UNCERTAIN,
+            Reason.OUTCOME_UNKNOWN,
+            from_status=(Status.RUNNING,),
+            extra_filter=still,
+            **common,
+        )
+    elif not job.shared and job.attempts >= tombstone_settings.MAX_ATTEMPTS:
+        counts["crashed"] += transition(
+            job,
+            Status.FAILED,
+            Reason.CRASHED,
+            from_status=(Status.RUNNING,),
+            extra_filter=still,
+            **common,
+        )
+    else:
+        if job.shared:
+            common["attempts"] = F("attempts") - 1
+        counts["requeued"] += transition(
+            job,
+            Status.QUEUED,
+            Reason.LEASE_EXPIRED,
+            from_status=(Status.RUNNING,),
+            extra_filter=still,
+            **common,
+        )

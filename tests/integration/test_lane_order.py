@@ -1,0 +1,195 @@
+"""Lane order under the interleavings a chaos soak found: a job of a lane never starts before
+every earlier job of it (by lane place) reached a terminal state.
+
+- An enqueue that commits late: its job took its place at its INSERT, but other sessions saw it
+  only at its commit; a later job of the lane that committed first was claimed and ran before
+  it (no kill, no take-back). Now a claim skips a lane while one of its enqueues is in flight.
+- A worker that stalled past its lease (its renewals failed): another worker took its jobs back
+  and ran them, while the stalled one went on starting the followers of its claim. Now a claim
+  starts no job past its lease's end as this process measures it.
+- A dead claim taken back one row at a time while other workers claimed: now whole, in one
+  transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import Value
+from django.db.models.functions import Now
+
+import tombstones
+from tests.factories import CustomerFactory
+from tests.jobkit import JOIN_TIMEOUT, temp_handler
+from tombstones.jobs import ledger
+from tombstones.jobs.engine import runner
+from tombstones.jobs.ledger import claims, rescue
+from tombstones.models import Job
+
+Status = Job.Status
+ran: list[int] = []
+
+
+def _touch(ctx: Any) -> None:
+    ran.append(ctx.job.pk)
+    ctx.update(phone=f"+{ctx.job.pk}")
+
+
+@pytest.fixture
+def touch(settings: Any) -> Any:
+    settings.TOMBSTONES_Q_OPTIONS = {}  # nothing runs until the test runs the worker
+    ran.clear()
+    with temp_handler("t.touch", _touch):
+        yield
+
+
+def _lane_runs_in_place_order(jobs: list[Job]) -> None:
+    """The lane's handlers ran once each, in lane place order, and every job succeeded (the
+    pumps here run one at a time: a handler starts after the one before it returned, and a
+    follower runs in its head's group, after it)."""
+    placed = list(
+        Job.objects.filter(pk__in=[j.pk for j in jobs])
+        .order_by("queued_at", "id")
+        .values_list("pk", "status")
+    )
+    assert {status for _, status in placed} == {Status.SUCCEEDED}
+    mine = {j.pk for j in jobs}
+    assert [pk for pk in ran if pk in mine] == [pk for pk, _ in placed]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
+    postgres_only: None, touch: None
+) -> None:
+    customer = CustomerFactory()
+    # The lane's first job (done): later enqueues of a lane share its row instead of the
+    # second waiting for the first to commit the row it made.
+    tombstones.enqueue("t.touch", customer)
+    runner.pump()
+    ran.clear()
+    inserted, commit = threading.Event(), threading.Event()
+    early: list[Job] = []
+
+    def enqueue_in_a_long_transaction() -> None:
+        try:
+            with transaction.atomic():
+                early.append(tombstones.enqueue("t.touch", customer))
+                inserted.set()
+                commit.wait(JOIN_TIMEOUT)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=enqueue_in_a_long_transaction)
+    thread.start()
+    try:
+        assert inserted.wait(JOIN_TIMEOUT)
+        late = tombstones.enqueue("t.touch", customer)  # placed after it, committed first
+        assert Job.objects.filter(pk=late.pk).exists()
+        # A claim now must not take the later job: the earlier one is not visible yet.
+        taken = ledger.claim(20, whole=True)
+        assert taken is None or late.pk not in [j.pk for j in taken.jobs]
+        if taken is not None:
+            runner.run_claim(taken)
+    finally:
+        commit.set()
+        thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive()
+    (first,) = early
+    assert first.queued_at < late.queued_at
+    runner.pump()
+    assert ran == [first.pk, late.pk]
+    _lane_runs_in_place_order([first, late])
+
+
+@pytest.mark.django_db
+def test_order__a_worker_past_its_lease_starts_no_more_jobs_of_its_claim(
+    touch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head's handler runs; meanwhile (as this worker's clock sees it) an hour passes with
+    no renewal: the followers it reserved are not started, and go back to the queue as they
+    were (another worker may have taken them back by then and run them)."""
+    customer = CustomerFactory()
+    jobs = [tombstones.enqueue("t.touch", customer) for _ in range(3)]
+    stalled = types.SimpleNamespace(monotonic=lambda: time.monotonic() + 3600)
+
+    def stall(ctx: Any) -> None:
+        _touch(ctx)
+        monkeypatch.setattr(claims, "time", stalled)
+
+    with temp_handler("t.stall", stall):
+        Job.objects.filter(pk=jobs[0].pk).update(handler="t.stall")
+        taken = ledger.claim(20, whole=True)
+        assert taken is not None
+        assert [j.pk for j in taken.jobs] == [j.pk for j in jobs]  # a head and two followers
+        runner.run_claim(taken)
+    monkeypatch.undo()
+    assert ran == [jobs[0].pk]
+    rows = dict(Job.objects.values_list("pk", "status"))
+    assert rows == {jobs[0].pk: Status.SUCCEEDED, **{j.pk: Status.QUEUED for j in jobs[1:]}}
+    back = Job.objects.filter(pk__in=[j.pk for j in jobs[1:]])
+    assert set(back.values_list("claim_token", "attempts")) == {("", 0)}
+    runner.pump()
+    assert ran == [j.pk for j in jobs]
+    _lane_runs_in_place_order(jobs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_order__a_dead_claim_is_taken_back_whole_while_others_claim(
+    postgres_only: None, touch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim of four heads and fifteen followers of one lane, its worker dead: while the
+    take-back runs, another worker's claims see all of it held or all of it back, never some
+    followers back behind a head still held; afterwards the lane runs in its order."""
+    customer = CustomerFactory()
+    lane = [tombstones.enqueue("t.touch", customer) for _ in range(16)]
+    others = [tombstones.enqueue("t.touch", CustomerFactory()) for _ in range(3)]
+    dead = ledger.claim(20, whole=True)
+    assert dead is not None
+    assert len(dead.jobs) == 19
+    Job.objects.filter(claim_token=dead.token, status=Status.RUNNING).update(
+        lease_expires_at=Now() - Value(timedelta(minutes=1))
+    )
+    first_done, go_on = threading.Event(), threading.Event()
+    real = rescue._take_back
+
+    def slow_take_back(job: Any, counts: dict[str, int]) -> None:
+        real(job, counts)
+        first_done.set()
+        go_on.wait(JOIN_TIMEOUT)
+
+    monkeypatch.setattr(rescue, "_take_back", slow_take_back)
+    results: list[Any] = []
+
+    def take_back() -> None:
+        try:
+            results.append(ledger.take_back_lapsed())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=take_back)
+    thread.start()
+    try:
+        assert first_done.wait(JOIN_TIMEOUT)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")  # a claim that waited would fail
+        assert ledger.claim(20, whole=True) is None  # all of it still held
+    finally:
+        go_on.set()
+        thread.join(JOIN_TIMEOUT)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    assert results
+    assert results[0]["requeued"] == 4
+    for _ in range(40):
+        if not runner.pump():
+            break
+    _lane_runs_in_place_order(lane)
+    assert set(Job.objects.filter(pk__in=[j.pk for j in others]).values_list("status")) == {
+        (Status.SUCCEEDED,)
+    }

@@ -1,0 +1,374 @@
+"""Which jobs a claim takes: the lanes its hints name, each lane's first jobs, the choice.
+
+A lane's head is its first unfinished job in lane order, (queued_at, id), if a worker may take
+it now: queued or waiting to be retried, due, and not reserved by another claim. Anything else
+first in line (a running, paused or reserved job, or one not due yet) holds the lane: nothing
+of it is taken. So no later job can pass an earlier one, whatever took the earlier one back or
+gave it away.
+
+The claim does not search the backlog for heads. Every change of a job's state leaves a hint on
+its row (``ready_at``: look at this lane from then on), and a claim looks only at the lanes of
+the hints that came due: a lane held by a running, paused or retry-waiting job costs nothing
+until that job moves on (a retry's hint comes due with it). The hints of a lane the claim looked
+at are cleared, except those of a head it could not take (its batch was full, another claim
+holds it), which the next claim sees first.
+
+:func:`pick` makes the choice from what was read (no SQL); :func:`read_lanes`,
+:func:`read_fronts` and :func:`take` are its statements.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from django.db import connections
+from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
+
+from ...conf import tombstone_settings
+from .. import queries
+from ..models import Job
+from ..states import CLAIMABLE, SUSPECT, UNFINISHED, Status
+
+# The most hints of a lane one claim clears (a burst of enqueues into one lane: the rest go to
+# the next claims, a bounded statement each).
+HINTS_PER_LANE = 1000
+
+
+@dataclass(frozen=True)
+class Front:
+    """One of the first unfinished jobs of a lane, as the claim read it."""
+
+    id: int
+    lane: str
+    status: str
+    claim_token: str
+    external: bool
+    reason: str
+    due: bool
+    queued_at: datetime
+    ready_at: datetime | None
+    run_after: datetime
+
+    @property
+    def reserved(self) -> bool:
+        """Held by a claim (a running head, or a follower it reserved)."""
+        return self.claim_token != ""
+
+    @property
+    def claimable(self) -> bool:
+        return self.status in CLAIMABLE and not self.reserved and self.due
+
+    @property
+    def waits(self) -> bool:
+        """First in line, but not due yet (a delayed job, a retry): its own hint says when."""
+        return self.status in CLAIMABLE and not self.reserved and not self.due
+
+    @property
+    def suspect(self) -> bool:
+        """Its last claim ended without an outcome: it runs alone."""
+        return self.reason in SUSPECT
+
+    @property
+    def may_lead(self) -> bool:
+        """A head that followers may run behind, in its group (internal, not suspect)."""
+        return not self.external and not self.suspect
+
+    @property
+    def may_follow(self) -> bool:
+        return self.status == Status.QUEUED and self.claimable and self.may_lead
+
+
+Hint = tuple[int, datetime]  # a hinted job of a lane, and its hint as read
+
+
+@dataclass
+class Picked:
+    """What a claim takes, and what becomes of the hints it read."""
+
+    heads: list[Front] = field(default_factory=list)
+    followers: list[Front] = field(default_factory=list)
+    clear: list[Hint] = field(default_factory=list)  # looked at: cleared
+    rearm: list[int] = field(default_factory=list)  # first in line, not due: hint at its time
+    left: int = 0  # lanes with a head this claim leaves to the next (full, or kept alone)
+
+    @property
+    def ids(self) -> list[int]:
+        return [f.id for f in self.heads] + [f.id for f in self.followers]
+
+
+def pick(
+    lanes: Sequence[str],
+    fronts: dict[str, list[Front]],
+    hints: dict[str, list[Hint]],
+    *,
+    size: int,
+    whole: bool,
+    ids: Iterable[int] | None = None,
+    held: set[int] | None = None,
+) -> Picked:
+    """The heads (at most ``size``, lanes in the order given) and, for a ``whole`` claim, their
+    lanes' followers (at most ``size`` in all, earliest places first: each lane's unbroken run of
+    queued internal jobs behind an internal head).
+
+    ``ids``: only these jobs may be heads (the race fixture). ``held``: the jobs the claim could
+    lock (PostgreSQL); a head it could not lock is not taken and its lane's hints stay for the
+    next look, and a lane's followers stop at the first it could not lock. A suspect head (its
+    last claim ended without an outcome) is taken alone, or left for the next claim to take
+    alone.
+    """
+    wanted = set(ids) if ids is not None else None
+    out = Picked()
+    runs: list[Front] = []
+    for lane in lanes:
+        queue = fronts.get(lane, [])
+        first = queue[0] if queue else None
+        lane_hints = hints.get(lane, [])
+        if first is None or not (first.claimable or first.waits):
+            out.clear += lane_hints  # empty, or held: its holder's next change hints again
+            continue
+        if first.waits:
+            out.clear += [h for h in lane_hints if h[0] != first.id]
+            if first.ready_at != first.run_after:
+                out.rearm.append(first.id)
+            continue
+        if wanted is not None and first.id not in wanted:
+            continue
+        if held is not None and first.id not in held:
+            continue  # another transaction holds it: its hints stay for the next look
+        if len(out.heads) >= size or (first.suspect and out.heads):
+            out.left += 1
+            continue
+        out.heads.append(first)
+        out.clear += lane_hints
+        if first.suspect:
+            break  # alone
+        if whole and first.may_lead:
+            for job in queue[1:]:
+                if not job.may_follow or (held is not None and job.id not in held):
+                    break
+                runs.append(job)
+    if whole:
+        by_place = sorted(runs, key=lambda f: (f.queued_at, f.id))[:size]
+        # A lane's run sorted by place is cut to a prefix: no follower skips an earlier one.
+        out.followers = by_place
+    mine = set(out.ids)  # the statement that takes them clears their hints
+    out.clear = [h for h in out.clear if h[0] not in mine]
+    return out
+
+
+# --- statements -------------------------------------------------------------------------------
+
+
+def read_lanes(db: str, scan: int, ids: Sequence[int] | None = None) -> tuple[list[str], bool]:
+    """The lanes to look at, in the order their hints came due (at most ``scan`` hints read),
+    and whether more hints may be due than were read. For ``ids``: those jobs' lanes."""
+    jobs = Job.objects.using(db)
+    if ids is not None:
+        found = jobs.filter(pk__in=list(ids)).order_by("queued_at", "id").values_list("lane")
+        return _distinct(lane for (lane,) in found), False
+    rows = list(jobs.hinted().values_list("lane", flat=True)[:scan])
+    return _distinct(rows), len(rows) >= scan
+
+
+def due_lanes(limit: int, *, using: str) -> int:
+    """How many lanes have a hint that came due (at most ``limit``): an estimate of the due
+    heads, for sizing a worker's share."""
+    rows = Job.objects.using(using).hinted().values_list("lane", flat=True)[: limit * 4]
+    return min(limit, len(set(rows)))
+
+
+_FRONT_FIELDS = (
+    "id",
+    "lane",
+    "status",
+    "claim_token",
+    "external",
+    "reason",
+    "due",
+    "queued_at",
+    "ready_at",
+    "run_after",
+)
+_LANE = "\x00lane"
+# One lane's first jobs, and its hints, compiled once per (database, vendor, count): the lane is
+# a parameter. Both read in one statement, so that on PostgreSQL they come from one snapshot: a
+# hint cleared stands for a change the claim saw.
+_lane_sql: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
+# Lanes one look reads at most (two SELECTs each in one compound: SQLite allows 500).
+MAX_LANES = 240
+
+
+def _lane_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
+    key = (db, connections[db].vendor, count)
+    if key not in _lane_sql:
+        due = ExpressionWrapper(queries.due(), output_field=BooleanField())
+        jobs = Job.objects.using(db).filter(lane=_LANE)
+        fronts = (
+            jobs.filter(status__in=UNFINISHED)
+            .annotate(due=due, hint=Value(False))
+            .order_by("queued_at", "id")
+            .values_list(*_FRONT_FIELDS, "hint")[:count]
+        )
+        hints = (
+            jobs.filter(queries.hinted())
+            .annotate(due=due, hint=Value(True))
+            .order_by("ready_at")
+            .values_list(*_FRONT_FIELDS, "hint")[:HINTS_PER_LANE]
+        )
+        parts, params = [], []
+        for n, qs in enumerate((fronts, hints)):
+            sql, more = qs.query.get_compiler(db).as_sql()
+            parts.append(f"SELECT * FROM ({sql}) AS part_{n}")
+            params += list(more)
+        if params.count(_LANE) != 2:
+            raise RuntimeError("the lane statement does not take its lane as a parameter")
+        _lane_sql[key] = (" UNION ALL ".join(parts), tuple(params))
+    return _lane_sql[key]
+
+
+def read_lanes_jobs(
+    db: str, lanes: Sequence[str], count: int
+) -> tuple[dict[str, list[Front]], dict[str, list[Hint]]]:
+    """The first ``count`` unfinished jobs of each lane in lane order, and the lane's hints that
+    came due: one statement, index ranges of the lane-place and hint indexes per lane."""
+    fronts: dict[str, list[Front]] = {lane: [] for lane in lanes}
+    hints: dict[str, list[Hint]] = {lane: [] for lane in lanes}
+    if not lanes:
+        return fronts, hints
+    sql, params = _lane_statement(db, count)
+    values: list[Any] = []
+    for lane in lanes:
+        values += [lane if p == _LANE else p for p in params]
+    conn = connections[db]
+    with conn.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join([sql] * len(lanes)), values)
+        rows = cursor.fetchall()
+    # SQLite returns datetimes as text: its backend's own converter (PostgreSQL's are typed).
+    convert = getattr(conn.ops, "convert_datetimefield_value", None)
+    datetime_field = Job._meta.get_field("queued_at")
+    for *row, hint in rows:
+        found = dict(zip(_FRONT_FIELDS, row, strict=True))
+        if convert is not None:
+            for name in ("queued_at", "ready_at", "run_after"):
+                found[name] = convert(found[name], datetime_field, conn)
+        if hint:
+            hints[found["lane"]].append((found["id"], found["ready_at"]))
+            continue
+        found["due"] = bool(found["due"])
+        found["external"] = bool(found["external"])
+        front = Front(**found)
+        fronts[front.lane].append(front)
+    for queue in fronts.values():
+        queue.sort(key=lambda f: (f.queued_at, f.id))
+    return fronts, hints
+
+
+def lock(db: str, ids: Sequence[int]) -> set[int] | None:
+    """Of these heads and followers, those this claim now holds, still waiting for a worker:
+    on PostgreSQL locked, skipping rows another transaction holds (a worker, staff), never
+    waiting for them. None on SQLite (one writer at a time: all of them)."""
+    if not ids or not connections[db].features.has_select_for_update_skip_locked:
+        return None
+    qs = (
+        Job.objects.using(db)
+        .filter(queries.due(), queries.unclaimed(), pk__in=list(ids))
+        .select_for_update(skip_locked=True)
+    )
+    return set(qs.values_list("id", flat=True))
+
+
+def settle_hints(db: str, picked: Picked) -> None:
+    """Clear the hints the claim looked at (each only as it was read: one set again since is
+    kept), and move the hint of a lane's not-yet-due first job to its due time. A row another
+    transaction holds keeps its hint: the next claim looks at it again (no waiting)."""
+    conn = connections[db]
+    table = conn.ops.quote_name(Job._meta.db_table)
+    if picked.clear and conn.vendor == "postgresql":
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET ready_at = NULL WHERE id IN ("
+                f"SELECT j.id FROM {table} j "
+                "JOIN unnest(%s::bigint[], %s::timestamptz[]) AS h(id, at) "
+                "ON j.id = h.id AND j.ready_at = h.at FOR UPDATE OF j SKIP LOCKED)",
+                [[pk for pk, _ in picked.clear], [at for _, at in picked.clear]],
+            )
+    elif picked.clear:  # one writer at a time: nothing changed since it was read
+        Job.objects.using(db).filter(pk__in=[pk for pk, _ in picked.clear]).update(ready_at=None)
+    if picked.rearm:
+        rows = Job.objects.using(db).filter(
+            queries.unclaimed(), pk__in=picked.rearm, status__in=CLAIMABLE
+        )
+        if conn.features.has_select_for_update_skip_locked:
+            rows = Job.objects.using(db).filter(
+                pk__in=rows.select_for_update(skip_locked=True).values("id")
+            )
+        rows.update(ready_at=F("run_after"))
+
+
+_TOKEN, _WORKER, _HEADS, _ALL = "\x00token", "\x00worker", "\x00heads", "\x00all"
+# The claim's UPDATE by (database, vendor, lease), compiled once per process: building it
+# through the ORM costs more than running it. Ids, token and worker are filled in per claim.
+_take_sql: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
+
+
+def _id_list(vendor: str, marker: str) -> RawSQL:
+    if vendor == "postgresql":
+        return RawSQL("SELECT unnest(%s::bigint[])", (marker,))
+    return RawSQL("SELECT value FROM json_each(%s)", (marker,))
+
+
+def take(
+    db: str, heads: Sequence[int], followers: Sequence[int], token: str, wid: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement that takes the picked jobs: the heads running under a lease, the
+    followers reserved (queued, with the claim's token), each one attempt more, every hint of
+    theirs cleared. Returns (sql, params) for ``Job.objects.raw`` (``RETURNING *``).
+
+    Only the claim's own lanes are in it (locked on PostgreSQL), so no other claim takes these
+    jobs meanwhile; the unique running-lane index settles a lane without a row.
+    """
+    conn = connections[db]
+    key = (db, conn.vendor, tombstone_settings.LEASE)
+    if key not in _take_sql:
+        head = Q(pk__in=_id_list(conn.vendor, _HEADS))
+        values = {
+            "status": Case(When(head, then=Value(Status.RUNNING)), default=F("status")),
+            "lease_expires_at": Case(
+                When(head, then=Now() + Value(tombstone_settings.LEASE)), default=None
+            ),
+            "owner": _WORKER,
+            "claim_token": _TOKEN,
+            "attempts": F("attempts") + 1,
+            "started_at": Now(),
+            "sending_at": None,
+            "ready_at": None,
+        }
+        # Checked again on each row as it is when the UPDATE reaches it (PostgreSQL): a job
+        # cancelled or expired meanwhile is left as it is (it ended: the jobs behind it may run).
+        chosen = Job.objects.using(db).filter(
+            queries.due(), queries.unclaimed(), pk__in=_id_list(conn.vendor, _ALL)
+        )
+        query = cast(UpdateQuery, chosen.query.chain(UpdateQuery))
+        query.add_update_values(values)
+        sql, params = query.get_compiler(db).as_sql()
+        _take_sql[key] = (f"{sql} RETURNING *", tuple(params))
+    sql, params = _take_sql[key]
+    every = [*heads, *followers]
+    filled = {
+        _TOKEN: token,
+        _WORKER: wid,
+        _HEADS: list(heads) if conn.vendor == "postgresql" else json.dumps(list(heads)),
+        _ALL: every if conn.vendor == "postgresql" else json.dumps(every),
+    }
+    return sql, tuple(filled.get(p, p) if isinstance(p, str) else p for p in params)
+
+
+def _distinct(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))

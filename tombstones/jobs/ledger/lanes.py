@@ -1,0 +1,74 @@
+"""The lane rows: what keeps a lane's places in commit order on PostgreSQL.
+
+A job's place in its lane is taken when its INSERT runs, but other sessions see the job only
+once its transaction commits: a job enqueued earlier in a long transaction would appear *ahead*
+of a later job that committed, and perhaps already ran, in the meantime. So an enqueue holds its
+lane's row (``FOR KEY SHARE``, several enqueues at once) from before its INSERT until it
+commits, and a claim takes a lane only by locking that row (``FOR UPDATE SKIP LOCKED``): while
+any enqueue of a lane is in flight, no claim takes from it, and once they committed, the claim's
+next statement sees them all. SQLite runs one write transaction at a time and needs none of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import connections
+
+from ..models import Lane
+
+_TABLE = Lane._meta.db_table
+
+
+def guarded(db: str) -> bool:
+    """Whether lanes are locked on this database (PostgreSQL: concurrent writers)."""
+    return bool(connections[db].features.has_select_for_update_skip_locked)
+
+
+def hold(db: str, key: str) -> None:
+    """Hold ``key``'s lane row until the caller's transaction ends (an enqueue, before its
+    INSERT). Creates the row on a lane's first job."""
+    if not guarded(db):
+        return
+    lock = f"SELECT 1 FROM {_TABLE} WHERE key = %s FOR KEY SHARE"
+    with connections[db].cursor() as cursor:
+        cursor.execute(lock, [key])
+        if cursor.fetchone() is not None:
+            return
+        # The first job of the lane: the row is new (or another enqueue just made it). An
+        # uncommitted row of ours is invisible to the claims until we commit, our job with it.
+        insert = f"INSERT INTO {_TABLE} (key) VALUES (%s) ON CONFLICT (key) DO NOTHING"
+        cursor.execute(insert, [key])
+        if cursor.rowcount == 0:
+            cursor.execute(lock, [key])
+
+
+def take(db: str, keys: Sequence[str], limit: int) -> tuple[list[str], int]:
+    """Of ``keys`` (in the claim's order), up to ``limit`` lanes this claim may take from, and
+    how many of ``keys`` it went through to find them. Their rows stay locked until the claim's
+    transaction ends; a lane another claim or an unfinished enqueue holds is skipped. A lane
+    without a row (a job written by hand) is not guarded: taken as is.
+
+    Call inside the claim's transaction, before it reads the lanes' jobs.
+    """
+    if not keys or limit < 1:
+        return [], 0
+    if not guarded(db):
+        return list(keys[:limit]), min(limit, len(keys))
+    with connections[db].cursor() as cursor:
+        cursor.execute(
+            f"SELECT l.key, wanted.n FROM {_TABLE} l "
+            "JOIN unnest(%s::text[]) WITH ORDINALITY AS wanted(key, n) ON wanted.key = l.key "
+            "ORDER BY wanted.n LIMIT %s FOR UPDATE OF l SKIP LOCKED",
+            [list(keys), limit],
+        )
+        rows = cursor.fetchall()
+        locked = {key for key, _ in rows}
+        went = int(max(n for _, n in rows)) if len(rows) >= limit else len(keys)
+        seen = list(keys[:went])
+        missing: set[str] = set()
+        rest = [key for key in seen if key not in locked]
+        if rest:
+            cursor.execute(f"SELECT key FROM {_TABLE} WHERE key = ANY(%s)", [rest])
+            missing = set(rest) - {row[0] for row in cursor.fetchall()}
+    return [key for key in seen if key in locked or key in missing][:limit], went
