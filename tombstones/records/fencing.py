@@ -159,7 +159,17 @@ def update_record(
             return int(cursor.rowcount)
     fence = live_at(model, pk, generation, version)
     qs = rows.plain(model, db).filter(fence)
-    return qs.update(version=F("version") + 1, **fields)
+    if not model._meta.parents:
+        return qs.update(version=F("version") + 1, **fields)
+    # A multi-table child: its fields in several tables, the fence in one of them.
+    values = rows.update_values(model, {**fields, "version": F("version") + 1})
+    return rows.fenced_update(qs, values, _fence_only(generation, version))
+
+
+def _fence_only(generation: int, version: int, *, live: bool = True) -> dict[str, Any]:
+    """:func:`live_at` without the pk: the lookups on the fence's own fields."""
+    fence: dict[str, Any] = {"generation": generation, "version": version}
+    return {**fence, "deleted_at__isnull": True} if live else fence
 
 
 # The fenced UPDATE of plain values, by (model, database vendor, fields, which are None): the
@@ -293,8 +303,8 @@ def write_related(
     match 0 rows. A target that is itself a tombstoned model gets version + 1; its dead rows stay.
     """
     fence = live_at(model, pk, generation, version, live=live)
-    source = rows.plain(model, queryset.db).filter(fence)
-    guarded = models.QuerySet.filter(queryset, Exists(source))
+    source = Exists(rows.plain(model, queryset.db).filter(fence))
+    guarded = models.QuerySet.filter(queryset, source)
     target = queryset.model
     extra: dict[str, Any] = {}
     if {f.name for f in target._meta.concrete_fields} >= PROTECTED_FIELDS:
@@ -302,4 +312,7 @@ def write_related(
             raise ProtectedField(model=target._meta.label)
         guarded = guarded.filter(deleted_at__isnull=True)
         extra["version"] = F("version") + 1
+        if target._meta.parents:  # a multi-table child: the fence in one of its tables
+            values = rows.update_values(target, {**fields, **extra})
+            return rows.fenced_update(guarded, values, {"deleted_at__isnull": True}, source)
     return models.QuerySet.update(guarded, **fields, **extra)
