@@ -24,7 +24,7 @@ from ..exceptions import (
     TombstoneError,
 )
 from . import rows
-from .options import PROTECTED_FIELDS, generated_fields
+from .options import PROTECTED_FIELDS, generated_fields, refuse_identity
 
 
 class State(enum.StrEnum):
@@ -147,6 +147,7 @@ def update_record(
     """``filter(pk, generation, version, live).update(..., version + 1)``: 1 or 0 rows."""
     if PROTECTED_FIELDS & set(fields):
         raise ProtectedField(model=model._meta.label, pk=pk)
+    refuse_identity(model, fields, pk)
     db = rows.write_db(model, using)
     plain = _plain_update(model, db, pk, generation, version, fields)
     if plain is not None:
@@ -310,6 +311,7 @@ def write_related(
     if {f.name for f in target._meta.concrete_fields} >= PROTECTED_FIELDS:
         if PROTECTED_FIELDS & set(fields):
             raise ProtectedField(model=target._meta.label)
+        refuse_identity(target, fields)
         guarded = guarded.filter(deleted_at__isnull=True)
         extra["version"] = F("version") + 1
         if target._meta.parents:  # a multi-table child: the fence in one of its tables

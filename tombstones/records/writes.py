@@ -20,7 +20,7 @@ from ..signals import record_tombstoned, records_purged
 from . import rows
 from .fencing import conflict_error, observe
 from .fields import FencedFields
-from .options import PROTECTED_FIELDS, erased_value, get_options
+from .options import PROTECTED_FIELDS, erased_value, get_options, refuse_identity
 
 PK_CHUNK = rows.PK_CHUNK  # pks per statement when rows are written by pk
 
@@ -196,6 +196,7 @@ def update_live(queryset: models.QuerySet[Any], kwargs: dict[str, Any]) -> int:
     """Queryset update(): live rows only, version + 1; the mixin's fields are refused."""
     if PROTECTED_FIELDS & set(kwargs):
         raise ProtectedField(model=queryset.model._meta.label)
+    refuse_identity(queryset.model, kwargs)
     live = queryset.filter(**LIVE)
     model = queryset.model
     if not model._meta.parents:
