@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from django.core.exceptions import FieldError
-from django.db import DatabaseError, models, router, transaction
+from django.core.exceptions import FieldError, ValidationError
+from django.db import DatabaseError, connections, models, router, transaction
 
 UpdateValues = list[tuple[Any, Any, Any]]  # (field, model, value) as QuerySet._update takes
 
@@ -33,6 +33,25 @@ def field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
 
 def write_db(model: type[models.Model], using: str | None, instance: Any = None) -> str:
     return using or router.db_for_write(model, instance=instance)
+
+
+def is_pk(model: type[models.Model], value: str, using: str) -> bool:
+    """Whether ``value`` (a job's ``object_id``) converts to a value the model's primary key
+    column holds. A row written by hand may hold anything ("abc" for an integer pk, a number
+    beyond the column's range), and one such value must not break a query for other rows."""
+    pk: Any = model._meta.pk
+    connection = connections[using]
+    try:
+        converted = pk.to_python(value)
+        pk.get_db_prep_value(converted, connection, prepared=False)
+    except (ValidationError, ValueError, TypeError, OverflowError):
+        return False
+    while pk.remote_field is not None:  # a multi-table child's pk: its parent's link
+        pk = pk.target_field
+    if isinstance(pk, models.IntegerField) and isinstance(converted, int):
+        low, high = connection.ops.integer_field_range(pk.get_internal_type())
+        return (low is None or converted >= low) and (high is None or converted <= high)
+    return converted is not None
 
 
 def chunks(pks: list[Any]) -> Iterator[list[Any]]:
