@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
 
-def _as_timedelta(name: str, value: Any) -> timedelta:
+def _as_timedelta(name: str, value: Any, maximum: _Bound | None = None) -> timedelta:
     # Seconds as a number are accepted because environment-driven settings are often plain ints.
     if isinstance(value, timedelta):
         result = value
@@ -32,12 +32,20 @@ def _as_timedelta(name: str, value: Any) -> timedelta:
         )
     if result <= timedelta(0):
         raise ImproperlyConfigured(f"TOMBSTONES_{name} must be positive.")
+    if maximum is not None and result > maximum.value:
+        raise ImproperlyConfigured(
+            f"TOMBSTONES_{name} must be at most {maximum.text}, not {result}: {maximum.why}."
+        )
     return result
 
 
-def _as_int(name: str, value: Any, minimum: int) -> int:
+def _as_int(name: str, value: Any, minimum: int, maximum: _Bound | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ImproperlyConfigured(f"TOMBSTONES_{name} must be an integer >= {minimum}.")
+    if maximum is not None and value > maximum.value:
+        raise ImproperlyConfigured(
+            f"TOMBSTONES_{name} must be at most {maximum.text}, not {value}: {maximum.why}."
+        )
     return value
 
 
@@ -54,11 +62,46 @@ def _as_dict(name: str, value: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class _Bound:
+    """The largest value a setting takes, as the error message names it, and why."""
+
+    value: Any
+    text: str
+    why: str
+
+
+@dataclass(frozen=True)
 class _Setting:
     default: Any
     kind: str
     minimum: float = 0
+    maximum: _Bound | None = None
 
+
+# Every duration is bounded: the engine adds it to or subtracts it from the database's clock, in
+# SQL (a lease's end, a retention's cut-off) and in Python (run_after's limit, a backoff), and
+# a result the database cannot hold kills every pump ("timestamp out of range") while the
+# checks pass. Python's datetime ends at year 9999 and PostgreSQL's timestamp bigger, SQLite's
+# as Django stores it at 9999 too: 100 years either side of now fits them all with thousands of
+# years to spare. Durations that time a job's next step are bounded by what they mean, far below.
+_KEPT = _Bound(
+    timedelta(days=36500),
+    "100 years (36500 days)",
+    "a retention or an age is subtracted from the database's clock",
+)
+_LEASE = _Bound(
+    timedelta(days=1),
+    "1 day",
+    "a dead worker's jobs wait that long before they are taken back, and the worker renews "
+    "its leases every third of one",
+)
+_BACKOFF = _Bound(
+    timedelta(days=1), "1 day", "the first retry's delay; the cap is TOMBSTONES_RETRY_BACKOFF_MAX"
+)
+_BACKOFF_MAX = _Bound(
+    timedelta(days=30), "30 days", "a job waiting for its retry holds its lane all that time"
+)
+_SWEEP = _Bound(1440, "1440 (one day)", "the sweep takes back lapsed leases and lost wake-ups")
 
 _SETTINGS: dict[str, _Setting] = {
     # How many times a job re-reads its record after a version conflict before backing off.
@@ -66,20 +109,20 @@ _SETTINGS: dict[str, _Setting] = {
     # Attempts (first run included) before a temporarily failing job ends failed.
     "MAX_ATTEMPTS": _Setting(5, "int", 1),
     # Base delay of the exponential retry backoff, and its cap.
-    "RETRY_BACKOFF": _Setting(timedelta(seconds=2), "timedelta"),
-    "RETRY_BACKOFF_MAX": _Setting(timedelta(minutes=10), "timedelta"),
+    "RETRY_BACKOFF": _Setting(timedelta(seconds=2), "timedelta", maximum=_BACKOFF),
+    "RETRY_BACKOFF_MAX": _Setting(timedelta(minutes=10), "timedelta", maximum=_BACKOFF_MAX),
     # How long a tombstone is kept before purge_tombstones may remove it.
-    "RETENTION": _Setting(timedelta(days=30), "timedelta"),
+    "RETENTION": _Setting(timedelta(days=30), "timedelta", maximum=_KEPT),
     # How long purge_jobs keeps finished jobs (succeeded, cancelled, expired) and their events,
     # and the audit trail (rejected, failed, uncertain, superseded, escalated) with its events.
-    "JOB_RETENTION": _Setting(timedelta(days=30), "timedelta"),
-    "AUDIT_RETENTION": _Setting(timedelta(days=365), "timedelta"),
+    "JOB_RETENTION": _Setting(timedelta(days=30), "timedelta", maximum=_KEPT),
+    "AUDIT_RETENTION": _Setting(timedelta(days=365), "timedelta", maximum=_KEPT),
     # A job that waited longer than this is expired without running.
-    "JOB_MAX_AGE": _Setting(timedelta(days=7), "timedelta"),
+    "JOB_MAX_AGE": _Setting(timedelta(days=7), "timedelta", maximum=_KEPT),
     # How long a claimed job is leased to its worker before the sweep may take it back.
-    "LEASE": _Setting(timedelta(seconds=60), "timedelta"),
+    "LEASE": _Setting(timedelta(seconds=60), "timedelta", maximum=_LEASE),
     # Interval of the periodic sweep, in minutes (a django-q2 schedule).
-    "SWEEP_MINUTES": _Setting(1, "int", 1),
+    "SWEEP_MINUTES": _Setting(1, "int", 1, maximum=_SWEEP),
     # Lane heads a worker claims at once (1: one job per claim), and the most jobs one wake-up
     # runs before it hands the rest to another message.
     "BATCH_SIZE": _Setting(20, "int", 1),
@@ -104,9 +147,9 @@ class TombstoneSettings:
         spec = _SETTINGS[name]
         value = getattr(django_settings, f"TOMBSTONES_{name}", spec.default)
         if spec.kind == "timedelta":
-            return _as_timedelta(name, value)
+            return _as_timedelta(name, value, spec.maximum)
         if spec.kind == "int":
-            return _as_int(name, value, int(spec.minimum))
+            return _as_int(name, value, int(spec.minimum), spec.maximum)
         if spec.kind in ("bool", "optional_bool"):
             if value is None and spec.kind == "optional_bool":
                 return None
@@ -195,8 +238,13 @@ class TombstoneSettings:
 
     def backoff(self, attempts: int) -> timedelta:
         """Delay before attempt ``attempts + 1``: base * 2**(attempts-1), capped."""
-        delay = self.RETRY_BACKOFF * (2 ** max(attempts - 1, 0))
-        return min(delay, self.RETRY_BACKOFF_MAX)
+        base, cap = self.RETRY_BACKOFF, self.RETRY_BACKOFF_MAX
+        doublings = max(attempts - 1, 0)
+        # Once 2**doublings passes cap/base the delay is the cap: stop doubling there, before a
+        # timedelta overflows (TOMBSTONES_MAX_ATTEMPTS has no upper bound).
+        if doublings >= (cap // base).bit_length():
+            return cap
+        return min(base * 2**doublings, cap)
 
     def unknown_handler_wait(self, age_seconds: float) -> timedelta:
         """How long a job whose handler this worker lacks waits before a worker looks again:

@@ -97,3 +97,37 @@ class Meter(TombstoneModel):
 
     def __str__(self) -> str:
         return f"Meter {self.key}"
+
+
+class Account(TombstoneModel):
+    """A record with a subclass in a table of its own (multi-table inheritance: tests)."""
+
+    number = models.BigAutoField(primary_key=True)  # a primary key not named "id"
+    key = models.CharField(max_length=64, unique=True)  # business key
+    holder = models.CharField(max_length=100, blank=True)  # personal
+
+    class TombstoneMeta:
+        business_key = "key"
+        personal_fields = ("holder",)
+
+    class Meta:
+        ordering = ("key",)
+
+    def __str__(self) -> str:
+        return f"Account {self.key}"
+
+
+class BusinessAccount(Account):
+    """A multi-table child: its fence (generation, version, deleted_at) is in Account's table,
+    its own fields (a personal one among them) in its own."""
+
+    company = models.CharField(max_length=100, blank=True)
+    contact_email = models.EmailField(blank=True)  # personal
+    credits = models.IntegerField(default=0)
+
+    class TombstoneMeta:
+        business_key = "key"
+        personal_fields = ("holder", "contact_email")
+
+    def __str__(self) -> str:
+        return f"Business account {self.key}"

@@ -7,6 +7,7 @@ import copy
 import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -16,17 +17,25 @@ from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import models
 from django.test.utils import isolate_apps, override_settings
+from django.utils import timezone
 
+import tombstones
+from tests.factories import CustomerFactory
+from tests.jobkit import run, temp_handler
+from tombstones import worker
 from tombstones.conf import tombstone_settings
+from tombstones.exceptions import TransientError
 from tombstones.jobs.checks import (
     check_django_q,
     check_django_q_timing,
     check_settings,
     check_sqlite,
 )
-from tombstones.models import TombstoneModel
+from tombstones.models import Job, TombstoneModel
 from tombstones.records.checks import check_tombstone_meta
 
 APP = "integration"
@@ -327,6 +336,53 @@ def test_check_settings__a_malformed_retention_is_e011_only(name: str, value: An
 
     assert ids(messages) == ["tombstones.E011"]
     assert messages[0].msg.startswith(f"TOMBSTONES_{name} must be")
+
+
+@pytest.mark.django_db
+def test_check_settings__a_lease_no_database_timestamp_holds_fails_manage_py_check() -> None:
+    # Issue 32: it passed the checks, then every pump raised "timestamp out of range".
+    with (
+        override_settings(TOMBSTONES_LEASE=timedelta(days=10**7)),
+        pytest.raises(SystemCheckError) as failed,
+    ):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert "tombstones.E011" in str(failed.value)
+    assert "TOMBSTONES_LEASE must be at most 1 day" in str(failed.value)
+
+
+@pytest.mark.django_db
+def test_check_settings__every_duration_at_its_bound_passes_and_the_engine_runs() -> None:
+    """The bounds are storable: the engine's sums with the database's clock work at each."""
+    kept = timedelta(days=36500)
+    at_bounds = {
+        "TOMBSTONES_RETRY_BACKOFF": timedelta(days=1),
+        "TOMBSTONES_RETRY_BACKOFF_MAX": timedelta(days=30),
+        "TOMBSTONES_RETENTION": kept,
+        "TOMBSTONES_JOB_RETENTION": kept,
+        "TOMBSTONES_AUDIT_RETENTION": kept,
+        "TOMBSTONES_JOB_MAX_AGE": kept - timedelta(days=1),  # below RETENTION (E010)
+        "TOMBSTONES_LEASE": timedelta(days=1),
+        "TOMBSTONES_SWEEP_MINUTES": 1440,
+    }
+
+    def flaky(ctx: Any) -> None:
+        raise TransientError
+
+    with override_settings(**at_bounds), temp_handler("t.flaky", flaky):
+        assert check_settings() == []
+        customer = CustomerFactory()
+        later = timezone.now() + timedelta(days=36000)
+        waiting = tombstones.enqueue("t.flaky", customer, run_after=later)
+        job = run(tombstones.enqueue("t.flaky", CustomerFactory()))
+        assert job.status == Job.Status.RETRY_WAIT
+        assert job.run_after is not None
+        assert job.run_after - timezone.now() > timedelta(hours=23)
+        worker.run_sweep()
+        worker.run_purge()
+        call_command("purge_tombstones", "--noinput", stdout=StringIO())
+        customer.delete()
+        waiting.refresh_from_db()
+        assert waiting.status == Job.Status.QUEUED
 
 
 @pytest.mark.django_db  # Django 6.1's own checks may touch the database

@@ -162,8 +162,22 @@ def test_params__that_are_not_plain_json_values_are_refused(params: dict[Any, An
         ("email", {"note": f"mail <{EMAIL}> tomorrow"}),  # inside a longer text
         ("phone", {"deep": {"list": [1, {"tel": PHONE}]}}),  # anywhere in the tree
         ("email", {EMAIL: True}),  # as a key
+        ("email", {"user": "planted-5521"}),  # the address's local part
+        ("phone", {"tel": "4915550199887"}),  # its digits without +
+        ("phone", {"tel": "+49 1555 0199 887"}),  # with spaces
+        ("phone", {"tel": "0155-5019-9887"}),  # national, with dashes
     ],
-    ids=["equal", "case", "inside-text", "nested", "key"],
+    ids=[
+        "equal",
+        "case",
+        "inside-text",
+        "nested",
+        "key",
+        "local-part",
+        "no-plus",
+        "spaces",
+        "dashes",
+    ],
 )
 def test_params__holding_a_personal_value_are_refused_naming_the_field_only(
     field: str, params: dict[str, Any]

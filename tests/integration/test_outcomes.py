@@ -15,7 +15,7 @@ from django.utils import timezone
 
 import tombstones
 from project.customers.models import Customer, SheetRow
-from tests.factories import SheetRowFactory
+from tests.factories import CustomerFactory, SheetRowFactory
 from tests.jobkit import events, make_due, run, temp_handler
 from tombstones import worker
 from tombstones.jobs.engine.sweep import sweep
@@ -338,6 +338,42 @@ def test_purged_record__escalated_record_missing(customer: Customer) -> None:
     Customer.all_objects.filter(pk=customer.pk).purge()
     job = run(job)
     assert (job.status, job.reason) == (Status.ESCALATED, Reason.RECORD_MISSING)
+
+
+@pytest.mark.parametrize(
+    "object_id",
+    ["abc", "", "1.5", "99999999999999999999"],  # not an integer, or past a bigint
+    ids=["letters", "empty", "decimal", "past-bigint"],
+)
+def test_object_id_no_pk_holds__fails_alone_and_the_rest_of_its_claim_runs(
+    object_id: str, escalations: list[tuple[int, str]], django_capture_on_commit_callbacks: Any
+) -> None:
+    """A job row written by hand with an object_id its model's pk cannot hold: the claim's one
+    read of the model's records raised (ValueError; OverflowError on SQLite), and the jobs in
+    hand were charged a crash. It fails alone, escalated with its reason; its neighbour in the
+    same claim runs."""
+    ran: list[int] = []
+
+    def handler(ctx: Any) -> None:
+        ran.append(ctx.record.pk)
+        ctx.update(phone="")
+
+    good, bad = CustomerFactory(), CustomerFactory()
+    with temp_handler("t.touch", handler):
+        broken = tombstones.enqueue("t.touch", bad, params={"n": 1})
+        fine = tombstones.enqueue("t.touch", good)
+        Job.objects.filter(pk=broken.pk).update(object_id=object_id)
+        with django_capture_on_commit_callbacks(execute=True):
+            carried = worker.run()["carried"]
+    assert sorted((row[0], row[1], row[2]) for row in carried) == [
+        (broken.pk, Status.ESCALATED, Reason.OBJECT_ID_INVALID),
+        (fine.pk, Status.SUCCEEDED, Reason.NONE),
+    ]  # one claim, one run: nothing given back, nothing crashed
+    broken.refresh_from_db()
+    assert (broken.attempts, broken.params) == (1, {})
+    assert events(broken) == ["enqueued", "claimed", "escalated"]
+    assert escalations == [(broken.pk, Reason.OBJECT_ID_INVALID)]
+    assert ran == [good.pk]
 
 
 def test_unknown_handler__waits_uncharged_for_a_worker_that_knows_it(customer: Customer) -> None:

@@ -306,3 +306,13 @@ def test_purge__refused_by_protecting_relation() -> None:
     with pytest.raises(ProtectedError):
         Customer.all_objects.all().purge()
     assert Customer.tombstones.filter(pk=sheet_row.customer.pk).exists()
+
+
+@pytest.mark.parametrize("key", ["id", "pk"])
+def test_update__the_primary_key_raises_protected_field(key: str) -> None:
+    live = CustomerFactory(reference="C-1")
+
+    with pytest.raises(ProtectedField, match=rf"customers\.Customer\.{key} names the record's"):
+        Customer.objects.filter(pk=live.pk).update(**{key: live.pk + 100})
+
+    assert (row(live.pk).pk, row(live.pk).version) == (live.pk, 1)

@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from project.customers.models import Customer
 from project.stress.models import StressEntity
 from tombstones import exceptions
-from tombstones.conf import tombstone_settings
+from tombstones.conf import _SETTINGS, tombstone_settings
 from tombstones.models import TombstoneModel
 from tombstones.records.options import PROTECTED_FIELDS, erased_value, get_options, is_erasable
 
@@ -162,6 +162,62 @@ def test_settings__backoff_doubles_and_is_capped(settings: Any) -> None:
     delays = [tombstone_settings.backoff(n) for n in range(5)]
 
     assert delays == [timedelta(seconds=s) for s in (2, 2, 4, 8, 10)]
+
+
+KEPT = timedelta(days=36500)  # 100 years: what a retention or an age may be at most
+BOUNDS = [
+    ("RETRY_BACKOFF", timedelta(days=1), "1 day"),
+    ("RETRY_BACKOFF_MAX", timedelta(days=30), "30 days"),
+    ("RETENTION", KEPT, "100 years"),
+    ("JOB_RETENTION", KEPT, "100 years"),
+    ("AUDIT_RETENTION", KEPT, "100 years"),
+    ("JOB_MAX_AGE", KEPT, "100 years"),
+    ("LEASE", timedelta(days=1), "1 day"),
+]
+
+
+def test_settings__every_duration_has_an_upper_bound() -> None:
+    durations = {name for name, spec in _SETTINGS.items() if spec.kind == "timedelta"}
+    assert durations == {name for name, _, _ in BOUNDS}
+    assert _SETTINGS["SWEEP_MINUTES"].maximum is not None  # minutes: a duration too
+
+
+@pytest.mark.parametrize(("name", "bound", "text"), BOUNDS)
+def test_settings__a_duration_past_its_bound_is_refused_naming_the_setting_and_the_bound(
+    settings: Any, name: str, bound: timedelta, text: str
+) -> None:
+    setattr(settings, f"TOMBSTONES_{name}", bound)
+    assert getattr(tombstone_settings, name) == bound
+    past = bound + timedelta(seconds=1)
+    for value in (past, past.total_seconds(), timedelta(days=10**7)):
+        setattr(settings, f"TOMBSTONES_{name}", value)
+        with pytest.raises(ImproperlyConfigured) as refused:
+            getattr(tombstone_settings, name)
+        assert str(refused.value).startswith(f"TOMBSTONES_{name} must be at most {text}")
+        assert tombstone_settings.validate() == [str(refused.value)]
+
+
+def test_settings__the_sweep_runs_at_least_daily(settings: Any) -> None:
+    settings.TOMBSTONES_SWEEP_MINUTES = 1440
+    assert tombstone_settings.SWEEP_MINUTES == 1440
+    settings.TOMBSTONES_SWEEP_MINUTES = 1441
+    with pytest.raises(ImproperlyConfigured, match="TOMBSTONES_SWEEP_MINUTES must be at most 1440"):
+        _ = tombstone_settings.SWEEP_MINUTES
+
+
+def test_settings__backoff_never_overflows_whatever_the_attempts(settings: Any) -> None:
+    settings.TOMBSTONES_RETRY_BACKOFF = timedelta(days=1)
+    settings.TOMBSTONES_RETRY_BACKOFF_MAX = timedelta(days=30)
+    # TOMBSTONES_MAX_ATTEMPTS has no upper bound: a day * 2**63 is no timedelta.
+    delays = [tombstone_settings.backoff(n) for n in (5, 6, 64, 10**6)]
+    assert delays == [
+        timedelta(days=16),
+        timedelta(days=30),
+        timedelta(days=30),
+        timedelta(days=30),
+    ]
+    settings.TOMBSTONES_RETRY_BACKOFF_MAX = timedelta(seconds=1)  # a cap below the base
+    assert tombstone_settings.backoff(1) == timedelta(seconds=1)
 
 
 def test_settings__log_error_details_is_true_false_or_none(settings: Any) -> None:

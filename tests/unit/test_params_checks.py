@@ -228,6 +228,72 @@ def test_check_params__a_personal_value_is_refused_by_its_field_name_only() -> N
         assert "Lovelace" not in message
 
 
+PHONE = "+49 1555 0199887"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"user": "grace.hopper"},  # the local part alone
+        {"user": "GRACE.HOPPER+NEWS"},  # with its tag, any case
+        {"note": "login grace.hopper, then sync"},  # a word of a longer text
+        {"to": "grace.hopper@another.example"},  # at another domain
+        {"grace.hopper": 1},  # as a key
+    ],
+)
+def test_check_params__an_email_local_part_is_refused(params: dict[str, Any]) -> None:
+    record = _customer(email="Grace.Hopper+news@pii.example", phone="")
+    with pytest.raises(InvalidParams) as refused:
+        check_params(params, record)
+    assert refused.value.field == "email"
+    assert "hopper" not in str(refused.value).lower()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"tel": "+4915550199887"},
+        {"tel": "4915550199887"},  # without +
+        {"tel": "0049 1555 0199887"},  # 00 for +
+        {"tel": "+49-1555-019-9887"},  # dashes
+        {"tel": "(0)1555 / 0199887"},  # the national form: trunk 0, no country code
+        {"tel": "+49 (0)1555 0199887"},  # both
+        {"tel": 4915550199887},  # a number
+        {"note": "call 01555 0199887 after 5"},  # inside a longer text
+    ],
+)
+def test_check_params__a_phone_number_is_refused_however_it_is_written(
+    params: dict[str, Any],
+) -> None:
+    with pytest.raises(InvalidParams) as refused:
+        check_params(params, _customer(phone=PHONE))
+    assert refused.value.field == "phone"
+    assert "0199887" not in str(refused.value)
+    # The record may hold it in any of these writings too.
+    for stored in ("4915550199887", "+49-1555-0199887", "01555 0199887"):
+        with pytest.raises(InvalidParams):
+            check_params(params, _customer(phone=stored))
+
+
+def test_check_params__ids_and_short_options_pass_beside_an_email_and_a_phone() -> None:
+    record = _customer(email="ada.lovelace@pii.example", phone=PHONE)
+    params = {
+        "customer_id": 4915,
+        "invoice": 1555,
+        "rows": [199887, 1, 2, 3],
+        "page": 2,
+        "ts": 1733450000,  # ten digits, not the phone's
+        "order": 49155501,  # the phone's first eight digits: an id, not its number
+        "date": "2026-12-06",
+        "format": "html",
+        "who": "ada",  # shorter than MIN_CONTAINED_LENGTH: a word, not the address
+        "sort": "lovelace-first",  # part of the local part only
+        "template": "ada.lovelace2",  # another word
+        "ref": "C-1",
+    }
+    assert check_params(params, record) == params
+
+
 def test_check_params__ordinary_values_of_a_record_with_personal_fields_pass() -> None:
     customer = _customer(phone="")  # an empty phone matches nothing
     assert check_params({"reference": "C-1", "n": 123, "flag": True}, customer)

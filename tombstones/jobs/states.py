@@ -33,6 +33,7 @@ class Reason(models.TextChoices):
     STALE_VERSION = "stale_version"  # re-reads ran out while the record kept changing
     MISSING_FENCE = "missing_fence"  # the job row has no generation or version
     RECORD_MISSING = "record_missing"  # neither record nor tombstone exists
+    OBJECT_ID_INVALID = "object_id_invalid"  # the job's object_id is no value of its model's pk
     TOMBSTONE_UNREADABLE = "tombstone_unreadable"  # a database error while reading the record
     # No handler registered under the job's name: waits (retry_wait, uncharged) for a
     # worker that has it; escalated once older than TOMBSTONES_JOB_MAX_AGE.

@@ -37,8 +37,17 @@ MAX_PARAMS_DEPTH = 32
 MAX_ORDERING_KEY_LENGTH = 255
 MAX_OBJECT_ID_LENGTH = 64
 # A personal value at least this long is also refused inside a longer string ("mail x@y.z");
-# shorter ones only when a whole value equals them, since they occur in ordinary words.
+# shorter ones only when a whole value equals them, since they occur in ordinary words. An
+# e-mail address's local part this long is refused too, as a word of its own.
 MIN_CONTAINED_LENGTH = 4
+# A personal value written like a phone number (digits, spaces and + ( ) . / -) with this many
+# digits is refused by its digits, however the params write them: with or without +, 00 or a
+# trunk 0, spaces or dashes. Fewer digits are ids and options, compared as text only.
+MIN_PHONE_DIGITS = 7
+# A country code: what an international number has beyond its national digits.
+MAX_COUNTRY_DIGITS = 3
+_PHONE = re.compile(r"\+?[\d\s()./-]+")
+_NUMBER_IN_TEXT = re.compile(r"\+?\d[\d\s()./-]*\d")
 
 # NUL and lone surrogates: PostgreSQL's text and jsonb refuse both.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -223,21 +232,74 @@ def _text(value: str) -> str:
     return value
 
 
+class _Personal(NamedTuple):
+    """One personal value as params may hold it: whole, its e-mail local part, its digits."""
+
+    text: str
+    contained: bool  # also inside a longer string
+    words: list[re.Pattern[str]]  # an e-mail address's local part, as a word of its own
+    digits: str  # a phone number's significant digits, or ""
+
+    def found_in(self, text: str) -> bool:
+        if text == self.text or (self.contained and self.text in text):
+            return True
+        if any(word.search(text) for word in self.words):
+            return True
+        return bool(self.digits) and any(
+            _same_number(_significant(number), self.digits)
+            for number in _NUMBER_IN_TEXT.findall(text)
+        )
+
+
+def _personal(value: Any) -> _Personal | None:
+    if value is None or isinstance(value, bool):
+        return None  # erased, or a yes/no that identifies nobody
+    text = str(value).strip().casefold()
+    if not text:
+        return None
+    contained = isinstance(value, str) and len(text) >= MIN_CONTAINED_LENGTH
+    local, at, domain = text.rpartition("@")
+    words = []
+    if at and local and domain:
+        # "ada.lovelace+shop@…": the local part, and the part before a "+tag".
+        for part in dict.fromkeys((local, local.split("+", 1)[0])):
+            if len(part) >= MIN_CONTAINED_LENGTH:
+                words.append(re.compile(rf"(?<![^\W_]){re.escape(part)}(?![^\W_])"))
+    digits = ""
+    if _PHONE.fullmatch(text) and sum(c.isdigit() for c in text) >= MIN_PHONE_DIGITS:
+        digits = _significant(text)
+    return _Personal(text, contained, words, digits)
+
+
+def _significant(number: str) -> str:
+    # The digits without the leading zeros of an international (00) or a trunk (0) prefix, and
+    # without the trunk 0 written in brackets after a country code ("+49 (0)30 …").
+    return "".join(c for c in number.replace("(0)", "") if c.isdigit()).lstrip("0")
+
+
+def _same_number(found: str, personal: str) -> bool:
+    """The same phone number, perhaps one with its country code and the other without."""
+    short, long = sorted((found, personal), key=len)
+    return (
+        len(short) >= MIN_PHONE_DIGITS
+        and len(long) - len(short) <= MAX_COUNTRY_DIGITS
+        and long.endswith(short)
+    )
+
+
 def _refuse_personal_values(record: models.Model, texts: list[str]) -> None:
-    """Refuse params holding the value of one of the record's personal fields (named, not shown)."""
+    """Refuse params holding the value of one of the record's personal fields (named, not shown):
+    as text, an e-mail address's local part, or a phone number's digits."""
     names = get_options(record).personal_fields
     if not names:
         return
     values = _personal_values(record, names)
     haystack = [t.strip().casefold() for t in texts]
     for name, value in values.items():
-        if value is None or isinstance(value, bool):
-            continue  # erased, or a yes/no that identifies nobody
-        needle = str(value).strip().casefold()
-        if not needle:
+        personal = _personal(value)
+        if personal is None:
             continue
-        contained = isinstance(value, str) and len(needle) >= MIN_CONTAINED_LENGTH
-        if any(t == needle or (contained and needle in t) for t in haystack):
+        if any(personal.found_in(t) for t in haystack):
             raise InvalidParams(
                 f"Job params contain the value of the personal field {name!r} of "
                 f"{record._meta.label}: pass ids and options, never personal values.",

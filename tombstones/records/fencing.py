@@ -24,7 +24,7 @@ from ..exceptions import (
     TombstoneError,
 )
 from . import rows
-from .options import PROTECTED_FIELDS, generated_fields
+from .options import PROTECTED_FIELDS, generated_fields, refuse_identity
 
 
 class State(enum.StrEnum):
@@ -147,6 +147,7 @@ def update_record(
     """``filter(pk, generation, version, live).update(..., version + 1)``: 1 or 0 rows."""
     if PROTECTED_FIELDS & set(fields):
         raise ProtectedField(model=model._meta.label, pk=pk)
+    refuse_identity(model, fields, pk)
     db = rows.write_db(model, using)
     plain = _plain_update(model, db, pk, generation, version, fields)
     if plain is not None:
@@ -159,7 +160,17 @@ def update_record(
             return int(cursor.rowcount)
     fence = live_at(model, pk, generation, version)
     qs = rows.plain(model, db).filter(fence)
-    return qs.update(version=F("version") + 1, **fields)
+    if not model._meta.parents:
+        return qs.update(version=F("version") + 1, **fields)
+    # A multi-table child: its fields in several tables, the fence in one of them.
+    values = rows.update_values(model, {**fields, "version": F("version") + 1})
+    return rows.fenced_update(qs, values, _fence_only(generation, version))
+
+
+def _fence_only(generation: int, version: int, *, live: bool = True) -> dict[str, Any]:
+    """:func:`live_at` without the pk: the lookups on the fence's own fields."""
+    fence: dict[str, Any] = {"generation": generation, "version": version}
+    return {**fence, "deleted_at__isnull": True} if live else fence
 
 
 # The fenced UPDATE of plain values, by (model, database vendor, fields, which are None): the
@@ -293,13 +304,17 @@ def write_related(
     match 0 rows. A target that is itself a tombstoned model gets version + 1; its dead rows stay.
     """
     fence = live_at(model, pk, generation, version, live=live)
-    source = rows.plain(model, queryset.db).filter(fence)
-    guarded = models.QuerySet.filter(queryset, Exists(source))
+    source = Exists(rows.plain(model, queryset.db).filter(fence))
+    guarded = models.QuerySet.filter(queryset, source)
     target = queryset.model
     extra: dict[str, Any] = {}
     if {f.name for f in target._meta.concrete_fields} >= PROTECTED_FIELDS:
         if PROTECTED_FIELDS & set(fields):
             raise ProtectedField(model=target._meta.label)
+        refuse_identity(target, fields)
         guarded = guarded.filter(deleted_at__isnull=True)
         extra["version"] = F("version") + 1
+        if target._meta.parents:  # a multi-table child: the fence in one of its tables
+            values = rows.update_values(target, {**fields, **extra})
+            return rows.fenced_update(guarded, values, {"deleted_at__isnull": True}, source)
     return models.QuerySet.update(guarded, **fields, **extra)

@@ -3,13 +3,50 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import models
+
+from ..exceptions import ProtectedField
 
 # The mixin's own fields: only records/writes.py and records/fencing.py move them.
 PROTECTED_FIELDS = frozenset({"generation", "version", "deleted_at"})
+
+
+def identity_fields(model: type[models.Model], names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that would renumber a row: ``pk``, a primary key (a multi-table
+    child's own or a parent's) or a parent link, by name or attname. A record's jobs and lane
+    address it by pk: a write never moves it."""
+    found = []
+    for name in names:
+        if name == "pk":
+            found.append(name)
+            continue
+        try:
+            field: Any = model._meta.get_field(name)
+        except FieldDoesNotExist:
+            continue  # the write raises Django's own error for it
+        link = getattr(field, "remote_field", None)
+        if getattr(field, "primary_key", False) or getattr(link, "parent_link", False):
+            found.append(name)
+    return found
+
+
+def refuse_identity(model: type[models.Model], names: Iterable[str], pk: Any = None) -> None:
+    """Raise ProtectedField when ``names`` hold the primary key (see :func:`identity_fields`)."""
+    found = identity_fields(model, names)
+    if found:
+        label = model._meta.label
+        which = "" if pk is None else f" ({label} pk={pk})"
+        raise ProtectedField(
+            f"{label}.{found[0]} names the record's primary key, its identity: a write never "
+            f"changes it, or the record's jobs and lane would point at nothing{which}.",
+            model=label,
+            pk=pk,
+        )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from :mod:`tombstones.exceptions` built from ids and numbers only. The handler's
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
@@ -20,10 +20,13 @@ from ..signals import record_tombstoned, records_purged
 from . import rows
 from .fencing import conflict_error, observe
 from .fields import FencedFields
-from .options import PROTECTED_FIELDS, erased_value, get_options
+from .options import PROTECTED_FIELDS, erased_value, get_options, refuse_identity
 
-# Pks per statement when rows are written by pk: far below every backend's parameter limit.
-PK_CHUNK = 500
+PK_CHUNK = rows.PK_CHUNK  # pks per statement when rows are written by pk
+
+
+# The fence of every write of live rows.
+LIVE = {"deleted_at__isnull": True}
 
 
 def _require_fence(instance: FencedFields) -> None:
@@ -65,7 +68,10 @@ def insert(instance: FencedFields, *, using: str | None = None) -> None:
     instance.generation = 1
     instance.version = 1
     instance.deleted_at = None
-    models.Model.save(instance, force_insert=True, using=db)
+    # Every table INSERTs, a multi-table child's parents' too: a parent pk set on a new child
+    # must not turn into an unfenced UPDATE of that parent's row (its fence fields included).
+    tables = (model, *model._meta.get_parent_list())
+    models.Model.save(instance, force_insert=tables, using=db)
 
 
 def check_new_records(
@@ -164,13 +170,13 @@ def save(
     )
     values: rows.UpdateValues = [(f, None, f.pre_save(instance, False)) for f in fields]
     values.append((rows.field(model, "version"), None, F("version") + 1))
-    fenced = rows.plain(model, db).filter(
-        pk=instance.pk,
-        generation=instance.generation,
-        version=instance.version,
-        deleted_at__isnull=True,
-    )
-    matched = rows.raw_update(fenced, values)
+    fence = {
+        "generation": instance.generation,
+        "version": instance.version,
+        "deleted_at__isnull": True,
+    }
+    fenced = rows.plain(model, db).filter(pk=instance.pk, **fence)
+    matched = rows.fenced_update(fenced, values, fence)
     if matched != 1:
         seen = observe(model, instance.pk, instance.generation, instance.version, using=db)
         raise conflict_error(model, instance.pk, instance.generation, instance.version, seen)
@@ -190,8 +196,14 @@ def update_live(queryset: models.QuerySet[Any], kwargs: dict[str, Any]) -> int:
     """Queryset update(): live rows only, version + 1; the mixin's fields are refused."""
     if PROTECTED_FIELDS & set(kwargs):
         raise ProtectedField(model=queryset.model._meta.label)
-    live = queryset.filter(deleted_at__isnull=True)
-    return models.QuerySet.update(live, version=F("version") + 1, **kwargs)
+    refuse_identity(queryset.model, kwargs)
+    live = queryset.filter(**LIVE)
+    model = queryset.model
+    if not model._meta.parents:
+        return models.QuerySet.update(live, version=F("version") + 1, **kwargs)
+    # A multi-table child: its fields in several tables, the fence in one of them.
+    values = rows.update_values(model, {**kwargs, "version": F("version") + 1})
+    return rows.fenced_update(live, values, LIVE)
 
 
 def _tombstone_values(model: type[models.Model]) -> rows.UpdateValues:
@@ -200,11 +212,6 @@ def _tombstone_values(model: type[models.Model]) -> rows.UpdateValues:
         (rows.field(model, "version"), None, F("version") + 1),
         *_erasures(model),
     ]
-
-
-def _chunks(pks: list[Any]) -> Iterator[list[Any]]:
-    for start in range(0, len(pks), PK_CHUNK):
-        yield pks[start : start + PK_CHUNK]
 
 
 def _locked_pks(model: type[models.Model], queryset: models.QuerySet[Any]) -> list[Any]:
@@ -225,15 +232,14 @@ def tombstone(queryset: models.QuerySet[Any]) -> int:
     live = queryset.filter(deleted_at__isnull=True)
     values = _tombstone_values(model)
     if not record_tombstoned.has_listeners(model):
-        return rows.raw_update(live, values)
+        return rows.fenced_update(live, values, LIVE)
     db = live.db
     with transaction.atomic(using=db):
         pks = _locked_pks(model, live)
         count = 0
-        for chunk in _chunks(pks):
-            count += rows.raw_update(
-                rows.plain(model, db).filter(pk__in=chunk, deleted_at__isnull=True), values
-            )
+        for chunk in rows.chunks(pks):
+            still_live = rows.plain(model, db).filter(pk__in=chunk, **LIVE)
+            count += rows.fenced_update(still_live, values, LIVE)
         if pks:
             record_tombstoned.send(sender=model, pks=pks, using=db)
     return count
@@ -255,7 +261,8 @@ def tombstone_instance(instance: FencedFields, *, using: str | None = None) -> i
             # is the UPDATE's statement time, never earlier than that job's commit.
             locked = qs.filter(deleted_at__isnull=True).select_for_update(no_key=True)
             list(locked.values_list("pk"))
-        count = rows.raw_update(qs.filter(deleted_at__isnull=True), _tombstone_values(model))
+        fence = {"generation": instance.generation, **LIVE}
+        count = rows.fenced_update(qs.filter(**LIVE), _tombstone_values(model), fence)
         if count:
             fresh = qs.values_list("version", "deleted_at").get()
             record_tombstoned.send(sender=model, pks=[instance.pk], using=db)
@@ -312,11 +319,14 @@ def recreate(model: type[FencedFields], fields: dict[str, Any], *, using: str | 
             (rows.field(model, "version"), None, 1),
             (rows.field(model, "deleted_at"), None, None),
         ]
-        dead = rows.plain(model, db).filter(pk=pk, generation=generation, deleted_at__isnull=False)
-        revived = rows.raw_update(dead, values)
+        fence = {"generation": generation, "deleted_at__isnull": False}
+        dead = rows.plain(model, db).filter(pk=pk, **fence)
+        revived = rows.fenced_update(dead, values, fence)
         if revived != 1:
             raise AlreadyLive(model=model._meta.label, pk=pk, found_generation=generation)
     fresh.generation, fresh.version, fresh.deleted_at = generation + 1, 1, None
+    for parent in model._meta.get_parent_list():  # a multi-table child: its parents' pks too
+        setattr(fresh, parent._meta.pk.attname, rows.table_pks(model, parent, [pk], db)[0])
     fresh._state.adding = False
     fresh._state.db = db
     return fresh
@@ -337,7 +347,7 @@ def purge(queryset: models.QuerySet[Any]) -> int:
             return _delete_tombstones(model, dead)
         pks = _locked_pks(model, dead)
         deleted = 0
-        for chunk in _chunks(pks):
+        for chunk in rows.chunks(pks):
             part = rows.plain(model, db).filter(pk__in=chunk, deleted_at__isnull=False)
             deleted += _delete_tombstones(model, part)
         if pks:

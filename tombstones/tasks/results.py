@@ -35,6 +35,7 @@ ERROR_CLASSES: dict[str, str] = {
     Reason.STALE_VERSION: _EXC + "StaleVersion",
     Reason.MISSING_FENCE: _EXC + "MissingFence",
     Reason.RECORD_MISSING: _EXC + "RecordMissing",
+    Reason.OBJECT_ID_INVALID: _EXC + "RecordMissing",  # no record can have that pk
     Reason.HANDLER_UNKNOWN: _EXC + "UnknownHandler",
     Reason.QUEUE_EXPIRED: _EXC + "JobExpired",
     Reason.OUTCOME_UNKNOWN: _EXC + "OutcomeUncertain",

@@ -36,7 +36,7 @@ from django.db.transaction import TransactionManagementError
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost, TransientError, UnknownHandler
-from ...records import fencing
+from ...records import fencing, rows
 from ...records.fencing import State
 from ...signals import job_checked, send_hook
 from .. import ledger
@@ -115,10 +115,15 @@ def claim(job_id: int, *, using: str | None = None) -> Attempt | None:
 # --- check -----------------------------------------------------------------------------------
 
 Records = dict[tuple[int, str], Any]
+# What read_records() finds for a job whose object_id is no value of its model's pk.
+NOT_A_PK: Any = object()
 
 
 def read_records(jobs: Sequence[Job], *, using: str) -> Records:
-    """One plain read per model of the jobs' records, tombstones included (no lock)."""
+    """One plain read per model of the jobs' records, tombstones included (no lock).
+
+    An object_id the model's pk cannot hold (a row written by hand) is left out of the read, so
+    that its job alone fails (``NOT_A_PK``) and the others of the read run."""
     wanted: dict[Any, set[str]] = defaultdict(set)
     for job in jobs:
         wanted[job.content_type].add(job.object_id)
@@ -127,8 +132,11 @@ def read_records(jobs: Sequence[Job], *, using: str) -> Records:
         model = content_type.model_class()
         if model is None or not hasattr(model, "all_objects"):
             continue
-        for record in model.all_objects.using(using).filter(pk__in=pks):
-            found[(content_type.pk, str(record.pk))] = record
+        valid = {pk for pk in pks if rows.is_pk(model, pk, using)}
+        found.update({(content_type.pk, pk): NOT_A_PK for pk in pks - valid})
+        if valid:
+            for record in model.all_objects.using(using).filter(pk__in=valid):
+                found[(content_type.pk, str(record.pk))] = record
     return found
 
 
@@ -227,6 +235,8 @@ def against(attempt: Attempt, record: Any | None) -> Outcome | None:
     job = attempt.job
     if record is None:
         return attempt.end(Status.ESCALATED, Reason.RECORD_MISSING, erase_params=True)
+    if record is NOT_A_PK:
+        return attempt.end(Status.ESCALATED, Reason.OBJECT_ID_INVALID, erase_params=True)
     found = (record.generation, record.version)
     if record.generation != job.generation:
         return attempt.end(
