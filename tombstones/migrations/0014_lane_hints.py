@@ -28,7 +28,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('contenttypes', '0002_remove_content_type_name'),
-        ('tombstones', '0012_job_retention'),
+        ('tombstones', '0013_reason_object_id_invalid'),
     ]
 
     operations = [
