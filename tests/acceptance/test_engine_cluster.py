@@ -138,12 +138,20 @@ def test_engine__poison_jobs_end_failed_crashed_and_their_lane_moves_on(poison: 
         with transaction.atomic():  # the cluster sees the job only as it is at commit
             job = enqueue("stress.apply", record, params=params)
             if poison == "check":
-                # A corrupt row: reading its record raises (ValueError) inside the check.
+                # A corrupt row: no primary key of its model holds its object_id. It once made
+                # the check raise (a crash each time); now it fails alone, at once, saying why.
                 Job.objects.filter(pk=job.pk).update(object_id="not-a-number")
         behind = enqueue("stress.apply", record)
         wait_for(lambda: finished(job, behind), timeout=90, every=0.2)
     job.refresh_from_db()
-    assert (job.status, job.reason, job.attempts) == (Status.FAILED, Reason.CRASHED, 3)
+    if poison == "check":
+        assert (job.status, job.reason, job.attempts) == (
+            Status.ESCALATED,
+            Reason.OBJECT_ID_INVALID,
+            1,
+        )
+    else:
+        assert (job.status, job.reason, job.attempts) == (Status.FAILED, Reason.CRASHED, 3)
     behind.refresh_from_db()
     assert (behind.status, behind.attempts) == (Status.SUCCEEDED, 1)
     assert AppliedWrite.objects.filter(job_id=job.pk).count() == 0
