@@ -361,6 +361,7 @@ def time_claims(args: argparse.Namespace, whole: bool, *, rollback: bool) -> dic
     return {
         "ms_median": round(1000 * statistics.median(times), 2),
         "ms_p90": round(1000 * (pct(times, 0.9) or 0), 2),
+        "ms_min": round(1000 * min(times), 2),
         "statements": max(counts),
         "statements_min": min(counts),
         "taken": taken,  # the jobs the last call took (rolled back or not)
@@ -471,8 +472,11 @@ def one_case(args: argparse.Namespace, kind: str, n: int) -> dict[str, Any]:
 
     import tombstones
 
+    load = os.getloadavg()[0]
     fresh, setup = build(args, kind, n)
     case: dict[str, Any] = {"kind": kind, "lanes": n, "setup": setup, "claim": {}}
+    # The machine is shared: the 1-minute load average before the setup and after the case.
+    case["load_1m"] = [round(load, 2)]
     # Nothing claimable: the claim should find nothing, at a cost that does not follow N.
     for mode, whole in MODES:
         case["claim"][f"idle_{mode}"] = time_claims(args, whole, rollback=False)
@@ -488,6 +492,7 @@ def one_case(args: argparse.Namespace, kind: str, n: int) -> dict[str, Any]:
         found = time_claims(args, whole, rollback=True)
         found["took_fresh"] = probe.pk in found["taken"]
         case["claim"][f"fresh_{mode}"] = found
+    case["load_1m"].append(round(os.getloadavg()[0], 2))
     return case
 
 
@@ -518,7 +523,8 @@ def one_line(case: dict[str, Any]) -> str:
         f"{k} {v['ms_median']} ms/{v['statements']} st" for k, v in case["claim"].items()
     )
     return (
-        f"{case['kind']:8} N={case['lanes']:<6} setup {case['setup']['setup_s']} s; "
+        f"{case['kind']:8} N={case['lanes']:<6} setup {case['setup']['setup_s']} s "
+        f"(load {'/'.join(str(v) for v in case.get('load_1m', []))}); "
         f"fresh job: warm worker {warm[0]} {warm[1]} s, new worker {new[0]} {new[1]} s; "
         f"claim {claims}"
     )
@@ -530,8 +536,10 @@ def render(db: str, data: dict[str, Any]) -> str:
         "| idle ms p50 / p90 | st | xN0 | fresh ms p50 / p90 | st | took it? | xN0 "
         "| wake-up ms p50 | st |"
     )
+    loads = [v for case in data["cases"] for v in case.get("load_1m", [])]
+    load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     lines = [
-        f"{db} ({data.get('server', '')})",
+        f"{db} ({data.get('server', '')}{load})",
         "",
         head,
         "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
