@@ -108,10 +108,17 @@ clean:
 # --- benchmark (bench/README.md) -------------------------------------------------------------
 #   make bench                                  the full matrix (PostgreSQL+Redis, SQLite+ORM)
 #   make bench BENCH_ARGS="--db sqlite --jobs 500 --reps 1"
+#   make bench-blocked                          a due job behind 100/1,000/10,000 blocked lanes
+#   make bench-blocked BLOCKED_ARGS="--db sqlite --lanes 100,1000 --kind retry"
 
 BENCH_ARGS ?=
+BLOCKED_ARGS ?=
 
-.PHONY: bench
+.PHONY: bench bench-blocked
 bench: $(STAMP)
 	@$(VPY) -c 'import psutil' 2>/dev/null || $(VPY) -m pip install --quiet psutil
 	$(VPY) bench/run.py --json bench/results/bench.json $(BENCH_ARGS)
+
+# Starvation and the claim's cost behind blocked lanes (issue 32), ~7 minutes.
+bench-blocked: $(STAMP)
+	$(VPY) bench/blocked_lanes.py --json bench/results/blocked.json $(BLOCKED_ARGS)
