@@ -215,7 +215,7 @@ def _take(
     picked = heads.Picked()
     for _ in range(_ROUNDS):
         wanted = size - len(picked.heads)
-        got, went = lanes.take(db, keys, wanted)
+        got, went = lanes.take(db, keys, wanted, wait=ids is not None)
         keys = keys[went:]
         if got:
             more_fronts, more_hints = heads.read_lanes_jobs(db, got, count)

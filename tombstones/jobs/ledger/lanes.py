@@ -43,11 +43,14 @@ def hold(db: str, key: str) -> None:
             cursor.execute(lock, [key])
 
 
-def take(db: str, keys: Sequence[str], limit: int) -> tuple[list[str], int]:
+def take(db: str, keys: Sequence[str], limit: int, *, wait: bool = False) -> tuple[list[str], int]:
     """Of ``keys`` (in the claim's order), up to ``limit`` lanes this claim may take from, and
     how many of ``keys`` it went through to find them. Their rows stay locked until the claim's
     transaction ends; a lane another claim or an unfinished enqueue holds is skipped. A lane
     without a row (a job written by hand) is not guarded: taken as is.
+
+    ``wait``: wait for the rows instead (a claim of given jobs, the race fixture's: a claim of
+    another job of the lane holds its row only for a moment).
 
     Call inside the claim's transaction, before it reads the lanes' jobs.
     """
@@ -59,7 +62,7 @@ def take(db: str, keys: Sequence[str], limit: int) -> tuple[list[str], int]:
         cursor.execute(
             f"SELECT l.key, wanted.n FROM {_TABLE} l "
             "JOIN unnest(%s::text[]) WITH ORDINALITY AS wanted(key, n) ON wanted.key = l.key "
-            "ORDER BY wanted.n LIMIT %s FOR UPDATE OF l SKIP LOCKED",
+            "ORDER BY wanted.n LIMIT %s FOR UPDATE OF l" + ("" if wait else " SKIP LOCKED"),
             [list(keys), limit],
         )
         rows = cursor.fetchall()
