@@ -11,6 +11,8 @@
 #   make test TEST_WORKERS=0  in one process
 #   make lint                 ruff check, ruff format --check, mypy
 #   make wheel                build dist/*.whl
+#   make soak                 the chaos soak, long form (~1 h on 2 cores; bench/README.md)
+#   make soak SOAK_ARGS=--short                  ... its CI form (under 4 minutes)
 #
 # A second environment (used by CI for Django 6 on Python 3.12):
 #   make test VENV=.venv-dj6 PYTHON=python3.12 DJANGO_SPEC="django>=6,<7"
@@ -41,7 +43,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help venv demo demo-venv demo-reset seed test lint format wheel clean FORCE
 
 help:
-	@echo "make venv | demo | demo-reset | test | lint | wheel | clean"
+	@echo "make venv | demo | demo-reset | test | lint | wheel | clean | bench | soak"
 	@echo "  variables: VENV=$(VENV) PYTHON=$(PYTHON) DJANGO_SPEC='$(DJANGO_SPEC)' PYTEST_ARGS='$(PYTEST_ARGS)'"
 	@echo "             TEST_WORKERS=$(TEST_WORKERS) TEST_MARKS='$(TEST_MARKS)'"
 
@@ -122,3 +124,15 @@ bench: $(STAMP)
 # Starvation and the claim's cost behind blocked lanes (issue 32), ~7 minutes.
 bench-blocked: $(STAMP)
 	$(VPY) bench/blocked_lanes.py --json bench/results/blocked.json $(BLOCKED_ARGS)
+
+# --- chaos soak (bench/README.md#the-chaos-soak-issue-32) ----------------------------------------
+#   make soak                                   long form: 100,000 jobs, 110 kills, 3+3 restarts
+#   make soak SOAK_ARGS=--short                 the CI form: 8,000 jobs, 16 kills, 1+1 restarts
+#   make soak SOAK_ARGS="--jobs 20000 --kills 25 --redis-restarts 1 --pg-restarts 1"
+# Its own PostgreSQL and Redis (never the shared ones); the report in bench/results/soak.json.
+
+SOAK_ARGS ?=
+
+.PHONY: soak
+soak: $(STAMP)
+	$(VPY) bench/soak.py --json bench/results/soak.json $(SOAK_ARGS)

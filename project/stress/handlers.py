@@ -22,6 +22,8 @@ it (``how="read"``: from ``ctx.record``; ``how="f"``: an ``F()`` expression).
 
 ``stress.added_in_deploy`` exists only in processes started with ``STRESS_DEPLOYED=1``: the new
 code of a rolling deploy, which the old workers lack.
+
+The chaos soak's handlers (``soak.*``) live in ``soak/handlers.py`` and are registered here.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tombstones.exceptions import TransientError
 from tombstones.jobs.ledger import worker_id
 
 from .models import AppliedWrite, Delivery, DownstreamRecord
+from .soak import handlers as soak_handlers  # noqa: F401 - the chaos soak's, registered here
 
 MAX_HOLD = 120.0
 

@@ -131,3 +131,42 @@ class BusinessAccount(Account):
 
     def __str__(self) -> str:
         return f"Business account {self.key}"
+class SoakEffect(models.Model):
+    """The chaos soak's internal job write: inserted by the handler in its act transaction, so it
+    commits with the job's fenced update and outcome, or not at all (project/stress/soak)."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    entity_id = models.BigIntegerField()
+    generation = models.PositiveIntegerField()
+    version = models.PositiveIntegerField(help_text="The record's version after the write.")
+    counter = models.PositiveIntegerField(help_text="The record's counter after the write.")
+    claim = models.CharField(max_length=255, help_text="owner@claim time of the claim that ran it.")
+
+    class Meta:
+        ordering = ("id",)
+        indexes = [models.Index(fields=["entity_id", "generation"], name="stress_soak_effect_rec")]
+
+    def __str__(self) -> str:
+        return f"Soak effect job={self.job_id}"
+
+
+class SoakEdit(models.Model):
+    """A change made by the chaos soak's editor, written in the change's own transaction."""
+
+    class Kind(models.TextChoices):
+        EDIT = "edit"  # save() of a live record: version + 1
+        DELETE = "delete"  # a tombstone: version + 1
+        RECREATE = "recreate"  # generation + 1, version 1
+
+    entity_id = models.BigIntegerField()
+    generation = models.PositiveIntegerField()
+    version = models.PositiveIntegerField(help_text="The record's version after the change.")
+    kind = models.CharField(max_length=8, choices=Kind)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ("id",)
+        indexes = [models.Index(fields=["entity_id", "generation"], name="stress_soak_edit_rec")]
+
+    def __str__(self) -> str:
+        return f"Soak {self.kind} entity={self.entity_id}"
