@@ -131,6 +131,8 @@ class BusinessAccount(Account):
 
     def __str__(self) -> str:
         return f"Business account {self.key}"
+
+
 class SoakEffect(models.Model):
     """The chaos soak's internal job write: inserted by the handler in its act transaction, so it
     commits with the job's fenced update and outcome, or not at all (project/stress/soak)."""
