@@ -64,37 +64,20 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
 
 def _take_back(job: Any, counts: dict[str, int]) -> None:
     """One running job of a lapsed claim: uncertain if its call was sent, failed once it was
-    claimed alone too often, else queued again in its place."""
-    still = queries.lease_ran_out() & Q(claim_token=job.claim_token)
+    claimed alone too often, else queued again in its place (its attempt given back when it was
+    claimed with others: which of them killed the worker is unknown)."""
     common: dict[str, Any] = {"claim_token": "", "lease_expires_at": None, "by": worker_id()}
     # The claim that ends here without an outcome, as its row recorded it.
     common["before"] = [event_row(job, Event.CLAIMED, worker=job.owner, at=job.started_at)]
     if job.sending_at is not None:
-        counts["uncertain"] += transition(
-            job,
-            Status.UNCERTAIN,
-            Reason.OUTCOME_UNKNOWN,
-            from_status=(Status.RUNNING,),
-            extra_filter=still,
-            **common,
-        )
+        count, status, reason = "uncertain", Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN
     elif not job.shared and job.attempts >= tombstone_settings.MAX_ATTEMPTS:
-        counts["crashed"] += transition(
-            job,
-            Status.FAILED,
-            Reason.CRASHED,
-            from_status=(Status.RUNNING,),
-            extra_filter=still,
-            **common,
-        )
+        count, status, reason = "crashed", Status.FAILED, Reason.CRASHED
     else:
+        count, status, reason = "requeued", Status.QUEUED, Reason.LEASE_EXPIRED
         if job.shared:
             common["attempts"] = F("attempts") - 1
-        counts["requeued"] += transition(
-            job,
-            Status.QUEUED,
-            Reason.LEASE_EXPIRED,
-            from_status=(Status.RUNNING,),
-            extra_filter=still,
-            **common,
-        )
+    still = queries.lease_ran_out() & Q(claim_token=job.claim_token)
+    counts[count] += transition(
+        job, status, reason, from_status=(Status.RUNNING,), extra_filter=still, **common
+    )
