@@ -14,6 +14,7 @@ import tombstones
 from project.customers.models import CrmContact, Customer
 from tests.factories import CustomerFactory
 from tombstones.exceptions import InvalidParams, MissingFence, RecordDeleted, UnknownHandler
+from tombstones.jobs.models import Lane
 from tombstones.models import Job, JobEvent
 
 pytestmark = pytest.mark.django_db
@@ -39,20 +40,25 @@ def test_enqueue__snapshots_generation_version_and_default_lane() -> None:
 
 
 def test_enqueue__is_one_insert_and_its_lane_held() -> None:
-    """One INSERT; on PostgreSQL the lane's row held first (until the commit: no claim takes
-    from the lane before the job is in it), made with the lane's first job."""
+    """One INSERT; on PostgreSQL it names its lane through the lane's row, held (until the
+    commit: no claim takes from the lane before the job is in it). The lane's first job makes
+    the row, a statement more."""
     customer = CustomerFactory()
     ContentType.objects.get_for_model(customer)  # cached per process, as in a running site
     tombstones.enqueue(HANDLER, customer)  # the lane's first job
     with CaptureQueriesContext(connection) as queries:
-        tombstones.enqueue(HANDLER, customer)
+        job = tombstones.enqueue(HANDLER, customer)
     statements = [q["sql"] for q in queries]
-    assert statements[-1].startswith('INSERT INTO "tombstones_job"'), statements
+    assert len(statements) == 1, statements
     if connection.vendor == "postgresql":
-        assert len(statements) == 2, statements
-        assert statements[0].endswith("FOR KEY SHARE"), statements
+        assert statements[0].startswith("WITH guard AS MATERIALIZED"), statements
+        assert "FOR KEY SHARE" in statements[0]
+        assert 'INSERT INTO "tombstones_job"' in statements[0]
     else:
-        assert len(statements) == 1, statements
+        assert statements[0].startswith('INSERT INTO "tombstones_job"')
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.lane, stored.status, stored.queued_at) == (job.lane, "queued", job.queued_at)
+    assert job.ready_at == stored.ready_at is not None  # its lane's hint
 
 
 def test_enqueue__ordering_key_overrides_the_lane() -> None:
@@ -128,3 +134,23 @@ def test_enqueue__sync_mode_runs_the_job_inline_after_commit() -> None:
     job.refresh_from_db()
     assert job.status == Job.Status.SUCCEEDED
     assert Task.objects.get().success is True
+
+
+def test_enqueue__a_lane_whose_row_rolled_back_gets_it_again(postgres_only: None) -> None:
+    """The lane's first enqueue made its row and rolled back: the next enqueue, which this
+    process believes the row exists for, finds it gone and makes it again (held)."""
+    customer = CustomerFactory()
+
+    def failed_request() -> None:
+        with transaction.atomic():
+            tombstones.enqueue(HANDLER, customer)
+            raise RuntimeError("the request failed")
+
+    with pytest.raises(RuntimeError):
+        failed_request()
+    lane = f"{customer._meta.label_lower}:{customer.pk}"
+    assert not Lane.objects.filter(key=lane).exists()
+    job = tombstones.enqueue(HANDLER, customer)
+    assert job.lane == lane
+    assert Lane.objects.filter(key=lane).exists()
+    assert Job.objects.filter(lane=lane).count() == 1

@@ -234,9 +234,26 @@ def _take(
         sql, params = heads.take(
             db, [f.id for f in picked.heads], [f.id for f in picked.followers], token, wid
         )
-        taken = list(Job.objects.db_manager(db).raw(sql, params))
+        taken = _with_their_heads(db, list(Job.objects.db_manager(db).raw(sql, params)))
     heads.settle_hints(db, picked)
     return taken, picked, more
+
+
+def _with_their_heads(db: str, taken: list[Job]) -> list[Job]:
+    """What the claim took, less any follower whose lane's head it did not take (none can be:
+    the rows were locked and checked before. Should one be, it goes back at once, before the
+    claim commits, rather than run ahead of its head)."""
+    led = {job.lane for job in taken if job.status == Status.RUNNING}
+    stray = [job.pk for job in taken if job.lane not in led]
+    if not stray:
+        return taken
+    logger.error(
+        "a claim took %s follower(s) without their lane's head; they go back",
+        len(stray),
+        extra={"tombstones": {"job_ids": stray}},
+    )
+    Job.objects.using(db).filter(pk__in=stray).update(**uncharged())
+    return [job for job in taken if job.pk not in stray]
 
 
 # Rounds of lane locks one look takes at most (each locks as many lanes as heads are wanted).

@@ -206,7 +206,12 @@ MAX_LANES = 240
 
 
 def _lane_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
+    """One lane's part (SQLite: a compound of one such part per lane) or, on PostgreSQL, the
+    whole statement for an array of lanes (``LATERAL``: one statement text, planned once, however
+    many lanes)."""
     key = (db, connections[db].vendor, count)
+    if key not in _lane_sql and connections[db].vendor == "postgresql":
+        _lane_sql[key] = _lateral_statement(db, count)
     if key not in _lane_sql:
         due = ExpressionWrapper(queries.due(), output_field=BooleanField())
         jobs = Job.objects.using(db).filter(lane=_LANE)
@@ -233,6 +238,29 @@ def _lane_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
     return _lane_sql[key]
 
 
+def _lateral_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
+    conn = connections[db]
+    table = conn.ops.quote_name(Job._meta.db_table)
+    claimable = ", ".join(f"'{status}'" for status in CLAIMABLE)
+    columns = ", ".join(
+        f"(j.run_after <= STATEMENT_TIMESTAMP() AND j.status IN ({claimable}))"
+        if name == "due"
+        else f"j.{conn.ops.quote_name(name)}"
+        for name in _FRONT_FIELDS
+    )
+    unfinished = ", ".join(f"'{status}'" for status in UNFINISHED)
+    sql = (
+        f"SELECT f.* FROM unnest(%s::text[]) AS wanted(lane) CROSS JOIN LATERAL ("
+        f"SELECT {columns}, false AS hint FROM {table} j WHERE j.lane = wanted.lane "
+        f"AND j.status IN ({unfinished}) ORDER BY j.queued_at, j.id LIMIT {int(count)}) f "
+        f"UNION ALL SELECT h.* FROM unnest(%s::text[]) AS wanted(lane) CROSS JOIN LATERAL ("
+        f"SELECT {columns}, true AS hint FROM {table} j WHERE j.lane = wanted.lane "
+        "AND j.ready_at <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY j.ready_at LIMIT {HINTS_PER_LANE}) h"
+    )
+    return sql, (_LANE, _LANE)
+
+
 def read_lanes_jobs(
     db: str, lanes: Sequence[str], count: int
 ) -> tuple[dict[str, list[Front]], dict[str, list[Hint]]]:
@@ -243,12 +271,16 @@ def read_lanes_jobs(
     if not lanes:
         return fronts, hints
     sql, params = _lane_statement(db, count)
-    values: list[Any] = []
-    for lane in lanes:
-        values += [lane if p == _LANE else p for p in params]
     conn = connections[db]
+    values: list[Any] = []
+    if conn.vendor == "postgresql":
+        values = [list(lanes) if p == _LANE else p for p in params]
+    else:
+        for lane in lanes:
+            values += [lane if p == _LANE else p for p in params]
+        sql = " UNION ALL ".join([sql] * len(lanes))
     with conn.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join([sql] * len(lanes)), values)
+        cursor.execute(sql, values)
         rows = cursor.fetchall()
     # SQLite returns datetimes as text: its backend's own converter (PostgreSQL's are typed).
     convert = getattr(conn.ops, "convert_datetimefield_value", None)

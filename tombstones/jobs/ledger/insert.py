@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import Value
+from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
@@ -53,12 +54,45 @@ def insert_job(
         # cannot overtake the jobs queued before it.
         due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
         fields["run_after"] = fields["queued_at"] = fields["ready_at"] = due
-    if lanes.guarded(db):
+    if not lanes.guarded(db):
+        job = Job.objects.using(db).create(**fields)
+    elif run_after is None and lanes.known(db, lane):
+        job = _insert_in_lane(db, fields)
+    else:  # a lane's first job here (or a delayed one): its row first, then the job
         with transaction.atomic(using=db, savepoint=False):
             lanes.hold(db, lane)
             job = Job.objects.using(db).create(**fields)
-    else:
-        job = Job.objects.using(db).create(**fields)
     if run_after is not None:  # the row holds the database's answer; this is close to it
         job.run_after = job.queued_at = max(run_after, timezone.now())
     return job
+
+
+def _insert_in_lane(db: str, fields: dict[str, Any]) -> Job:
+    """One statement (PostgreSQL): the INSERT names its lane through the lane's row, held from
+    before the row is formed until the commit (:func:`.lanes.guard_sql`), so that even in
+    autocommit no claim takes from the lane while the job is not visible yet."""
+    conn = connections[db]
+    job = Job(**fields)
+    columns, values, params = [], [], []
+    for field in Job._meta.local_concrete_fields:
+        if field.primary_key:
+            continue
+        value = field.pre_save(job, add=True)
+        columns.append(conn.ops.quote_name(str(field.column)))
+        if isinstance(value, DatabaseDefault):
+            values.append("DEFAULT")
+            continue
+        values.append("COALESCE((SELECT key FROM guard), %s)" if field.name == "lane" else "%s")
+        params.append(field.get_db_prep_save(value, conn))
+    sql = (
+        f"WITH {lanes.guard_sql()} INSERT INTO {conn.ops.quote_name(Job._meta.db_table)} "
+        f"({', '.join(columns)}) VALUES ({', '.join(values)}) "
+        "RETURNING *, (SELECT count(*) FROM guard) AS guarded"
+    )
+    (inserted,) = Job.objects.db_manager(db).raw(sql, [fields["lane"], *params])
+    if not inserted.guarded:  # type: ignore[attr-defined]
+        # Its row was gone (the transaction that made it rolled back): made and held now.
+        lanes.remember(db, fields["lane"], exists=False)
+        lanes.hold(db, fields["lane"])
+    inserted.content_type = fields["content_type"]
+    return inserted

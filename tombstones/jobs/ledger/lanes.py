@@ -11,6 +11,7 @@ next statement sees them all. SQLite runs one write transaction at a time and ne
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from django.db import connections
@@ -18,6 +19,31 @@ from django.db import connections
 from ..models import Lane
 
 _TABLE = Lane._meta.db_table
+# Lanes this process saw a row of, by (database, key): an enqueue into one of them takes the row
+# in its INSERT (:func:`.insert.insert_job`). A cache, bounded; a row can only be missing after
+# the transaction that made it rolled back, which the INSERT notices.
+_KNOWN: OrderedDict[tuple[str, str], None] = OrderedDict()
+_KNOWN_MAX = 10_000
+
+
+def known(db: str, key: str) -> bool:
+    return (db, key) in _KNOWN
+
+
+def remember(db: str, key: str, *, exists: bool = True) -> None:
+    if not exists:
+        _KNOWN.pop((db, key), None)
+        return
+    _KNOWN[(db, key)] = None
+    _KNOWN.move_to_end((db, key))
+    if len(_KNOWN) > _KNOWN_MAX:
+        _KNOWN.popitem(last=False)
+
+
+def guard_sql() -> str:
+    """The CTE an INSERT of a job names its lane through: the lane's row held (``FOR KEY
+    SHARE``) before the row is formed, until the commit."""
+    return f"guard AS MATERIALIZED (SELECT key FROM {_TABLE} WHERE key = %s FOR KEY SHARE)"
 
 
 def guarded(db: str) -> bool:
@@ -34,6 +60,7 @@ def hold(db: str, key: str) -> None:
     with connections[db].cursor() as cursor:
         cursor.execute(lock, [key])
         if cursor.fetchone() is not None:
+            remember(db, key)
             return
         # The first job of the lane: the row is new (or another enqueue just made it). An
         # uncommitted row of ours is invisible to the claims until we commit, our job with it.
@@ -41,6 +68,7 @@ def hold(db: str, key: str) -> None:
         cursor.execute(insert, [key])
         if cursor.rowcount == 0:
             cursor.execute(lock, [key])
+    remember(db, key)
 
 
 def take(db: str, keys: Sequence[str], limit: int, *, wait: bool = False) -> tuple[list[str], int]:
