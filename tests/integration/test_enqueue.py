@@ -52,7 +52,7 @@ def test_enqueue__is_one_insert_and_its_lane_held() -> None:
     assert len(statements) == 1, statements
     if connection.vendor == "postgresql":
         assert statements[0].startswith("WITH guard AS MATERIALIZED"), statements
-        assert "FOR KEY SHARE" in statements[0]
+        assert "FOR NO KEY UPDATE" in statements[0]
         assert 'INSERT INTO "tombstones_job"' in statements[0]
     else:
         assert statements[0].startswith('INSERT INTO "tombstones_job"')

@@ -23,6 +23,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
+from django.utils import timezone
 
 import tombstones
 from tests.factories import CustomerFactory
@@ -63,16 +64,86 @@ def _lane_runs_in_place_order(jobs: list[Job]) -> None:
     assert [pk for pk in ran if pk in mine] == [pk for pk, _ in placed]
 
 
+def _waiting_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
     postgres_only: None, touch: None
 ) -> None:
+    """A job enqueued in a long transaction, and a later job of its lane enqueued meanwhile:
+    the later one takes its place (and commits) only after the first committed, so no claim
+    can run it first. (It committed first, and ran first, before.)"""
     customer = CustomerFactory()
-    # The lane's first job (done): later enqueues of a lane share its row instead of the
-    # second waiting for the first to commit the row it made.
+    # The lane's first job (done): the lane has its row.
     tombstones.enqueue("t.touch", customer)
     runner.pump()
     ran.clear()
+    inserted, commit = threading.Event(), threading.Event()
+    early: list[Job] = []
+    late: list[Job] = []
+    pids: list[int] = []
+
+    def enqueue_in_a_long_transaction() -> None:
+        try:
+            with transaction.atomic():
+                early.append(tombstones.enqueue("t.touch", customer))
+                inserted.set()
+                commit.wait(JOIN_TIMEOUT)
+        finally:
+            connection.close()
+
+    def enqueue_the_next() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                pids.append(cursor.fetchone()[0])
+            late.append(tombstones.enqueue("t.touch", customer))
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=enqueue_in_a_long_transaction)
+    first.start()
+    second = threading.Thread(target=enqueue_the_next)
+    try:
+        assert inserted.wait(JOIN_TIMEOUT)
+        second.start()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while not (pids and _waiting_on_a_lock(pids[0])):  # bounded: it waits, or it failed
+            assert time.monotonic() < deadline, "the later enqueue did not wait"
+            assert second.is_alive() or pids, "the later enqueue ended"
+            time.sleep(0.01)
+        assert not late  # it waits for the lane's row: nothing of it is visible
+        assert ledger.claim(20, whole=True) is None
+    finally:
+        commit.set()
+        first.join(JOIN_TIMEOUT)
+        second.join(JOIN_TIMEOUT)
+    assert not first.is_alive()
+    assert not second.is_alive()
+    assert early[0].queued_at < late[0].queued_at
+    runner.pump()
+    assert ran == [early[0].pk, late[0].pk]
+    _lane_runs_in_place_order([early[0], late[0]])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_order__a_delayed_job_waits_for_an_earlier_enqueue_still_in_flight(
+    postgres_only: None, touch: None
+) -> None:
+    """A delayed job's place is its due time. An immediate job of its lane enqueued before that
+    time, in a transaction still open when it comes due, is placed before it: no claim takes
+    the delayed job until that one committed (and ran)."""
+    customer = CustomerFactory()
+    tombstones.enqueue("t.touch", customer)  # the lane's row
+    runner.pump()
+    ran.clear()
+    due = timezone.now() + timedelta(seconds=1)
+    delayed = tombstones.enqueue("t.touch", customer, run_after=due)
     inserted, commit = threading.Event(), threading.Event()
     early: list[Job] = []
 
@@ -89,22 +160,15 @@ def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
     thread.start()
     try:
         assert inserted.wait(JOIN_TIMEOUT)
-        late = tombstones.enqueue("t.touch", customer)  # placed after it, committed first
-        assert Job.objects.filter(pk=late.pk).exists()
-        # A claim now must not take the later job: the earlier one is not visible yet.
-        taken = ledger.claim(20, whole=True)
-        assert taken is None or late.pk not in [j.pk for j in taken.jobs]
-        if taken is not None:
-            runner.run_claim(taken)
+        time.sleep(max(0.0, (due - timezone.now()).total_seconds()) + 0.05)  # its due time
+        assert Job.objects.claimable().filter(pk=delayed.pk).exists()  # as far as one can see
+        assert ledger.claim(20, whole=True) is None
     finally:
         commit.set()
         thread.join(JOIN_TIMEOUT)
-    assert not thread.is_alive()
-    (first,) = early
-    assert first.queued_at < late.queued_at
+    assert early[0].queued_at < Job.objects.get(pk=delayed.pk).queued_at
     runner.pump()
-    assert ran == [first.pk, late.pk]
-    _lane_runs_in_place_order([first, late])
+    assert ran == [early[0].pk, delayed.pk]
 
 
 @pytest.mark.django_db

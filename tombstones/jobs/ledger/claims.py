@@ -200,35 +200,33 @@ def _take(
     ids: Sequence[int] | None,
 ) -> tuple[list[Job], heads.Picked, bool]:
     """One look, inside the claim's transaction: returns the jobs taken, the choice, and
-    whether more hints may be due than this look read.
-
-    Lanes are locked a few at a time (as many as heads are still wanted), so that claims at
-    once spread over the lanes instead of one locking all it read; a lane found held costs
-    another round, a bounded number of times.
-    """
+    whether more hints may be due than this look read."""
     keys, more = heads.read_lanes(db, scan, ids)
+    if not keys:
+        return [], heads.Picked(), more
     count = size + 1 if whole and ids is None else 1
     options: dict[str, Any] = {"size": size, "whole": whole and ids is None, "ids": ids}
-    mine: list[str] = []
-    fronts: dict[str, list[heads.Front]] = {}
-    hints: dict[str, list[heads.Hint]] = {}
-    picked = heads.Picked()
-    for _ in range(_ROUNDS):
-        wanted = size - len(picked.heads)
-        got, went = lanes.take(db, keys, wanted, wait=ids is not None)
-        keys = keys[went:]
+    fronts, hints = heads.read_lanes_jobs(db, keys, count)
+    guarded: set[str] | None = set() if lanes.guarded(db) else None
+    picked = heads.pick(keys, fronts, hints, **options, guarded=guarded)
+    if picked.guard and guarded is not None:
+        # A delayed head: its lane's row first (no enqueue of the lane in flight), then the
+        # lane as it is now.
+        got, _ = lanes.take(db, picked.guard, len(picked.guard), wait=ids is not None)
         if got:
             more_fronts, more_hints = heads.read_lanes_jobs(db, got, count)
             fronts.update(more_fronts)
             hints.update(more_hints)
-            mine += got
-            picked = heads.pick(mine, fronts, hints, **options)
-        if not keys or len(picked.heads) >= size or picked.left:
-            break
-    more = more or bool(keys)
-    held = heads.lock(db, picked.ids)
-    if held is not None:
-        picked = heads.pick(mine, fronts, hints, **options, held=held)
+            guarded.update(got)
+            picked = heads.pick(keys, fronts, hints, **options, guarded=guarded)
+    if lanes.guarded(db):
+        # Every head there is to take, then as many as this claim can hold (see heads.lock).
+        every = heads.pick(
+            keys, fronts, hints, **{**options, "size": len(keys) * (size + 1)}, guarded=guarded
+        )
+        held = heads.lock(db, every, size)
+        if held is not None:
+            picked = heads.pick(keys, fronts, hints, **options, held=held, guarded=guarded)
     taken: list[Job] = []
     if picked.ids:
         sql, params = heads.take(
@@ -254,10 +252,6 @@ def _with_their_heads(db: str, taken: list[Job]) -> list[Job]:
     )
     Job.objects.using(db).filter(pk__in=stray).update(**uncharged())
     return [job for job in taken if job.pk not in stray]
-
-
-# Rounds of lane locks one look takes at most (each locks as many lanes as heads are wanted).
-_ROUNDS = 4
 
 
 def _place(job: Job) -> tuple[Any, int]:

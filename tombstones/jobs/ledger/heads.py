@@ -55,6 +55,7 @@ class Front:
     queued_at: datetime
     ready_at: datetime | None
     run_after: datetime
+    delayed: bool = False  # placed by its due time, not its enqueue (see .lanes)
 
     @property
     def reserved(self) -> bool:
@@ -96,6 +97,7 @@ class Picked:
     followers: list[Front] = field(default_factory=list)
     clear: list[Hint] = field(default_factory=list)  # looked at: cleared
     rearm: list[int] = field(default_factory=list)  # first in line, not due: hint at its time
+    guard: list[str] = field(default_factory=list)  # a delayed head: take its lane's row first
     left: int = 0  # lanes with a head this claim leaves to the next (full, or kept alone)
 
     @property
@@ -112,6 +114,7 @@ def pick(
     whole: bool,
     ids: Iterable[int] | None = None,
     held: set[int] | None = None,
+    guarded: set[str] | None = None,
 ) -> Picked:
     """The heads (at most ``size``, lanes in the order given) and, for a ``whole`` claim, their
     lanes' followers (at most ``size`` in all, earliest places first: each lane's unbroken run of
@@ -122,6 +125,10 @@ def pick(
     next look, and a lane's followers stop at the first it could not lock. A suspect head (its
     last claim ended without an outcome) is taken alone, or left for the next claim to take
     alone.
+
+    ``guarded``: the lanes whose row the claim holds (None: the database needs no such lock).
+    A delayed head elsewhere is not taken: its lane goes to ``guard``, to be locked and read
+    again first (:mod:`.lanes`).
     """
     wanted = set(ids) if ids is not None else None
     out = Picked()
@@ -142,6 +149,9 @@ def pick(
             continue
         if held is not None and first.id not in held:
             continue  # another transaction holds it: its hints stay for the next look
+        if first.delayed and guarded is not None and lane not in guarded:
+            out.guard.append(lane)
+            continue
         if len(out.heads) >= size or (first.suspect and out.heads):
             out.left += 1
             continue
@@ -195,6 +205,7 @@ _FRONT_FIELDS = (
     "queued_at",
     "ready_at",
     "run_after",
+    "delayed",
 )
 _LANE = "\x00lane"
 # One lane's first jobs, and its hints, compiled once per (database, vendor, count): the lane is
@@ -214,7 +225,8 @@ def _lane_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
         _lane_sql[key] = _lateral_statement(db, count)
     if key not in _lane_sql:
         due = ExpressionWrapper(queries.due(), output_field=BooleanField())
-        jobs = Job.objects.using(db).filter(lane=_LANE)
+        delayed = ExpressionWrapper(Q(run_after__gt=F("created_at")), output_field=BooleanField())
+        jobs = Job.objects.using(db).filter(lane=_LANE).annotate(delayed=delayed)
         fronts = (
             jobs.filter(status__in=UNFINISHED)
             .annotate(due=due, hint=Value(False))
@@ -242,11 +254,12 @@ def _lateral_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
     conn = connections[db]
     table = conn.ops.quote_name(Job._meta.db_table)
     claimable = ", ".join(f"'{status}'" for status in CLAIMABLE)
+    computed = {
+        "due": f"(j.run_after <= STATEMENT_TIMESTAMP() AND j.status IN ({claimable}))",
+        "delayed": "(j.run_after > j.created_at)",
+    }
     columns = ", ".join(
-        f"(j.run_after <= STATEMENT_TIMESTAMP() AND j.status IN ({claimable}))"
-        if name == "due"
-        else f"j.{conn.ops.quote_name(name)}"
-        for name in _FRONT_FIELDS
+        computed.get(name, f"j.{conn.ops.quote_name(name)}") for name in _FRONT_FIELDS
     )
     unfinished = ", ".join(f"'{status}'" for status in UNFINISHED)
     sql = (
@@ -293,8 +306,8 @@ def read_lanes_jobs(
         if hint:
             hints[found["lane"]].append((found["id"], found["ready_at"]))
             continue
-        found["due"] = bool(found["due"])
-        found["external"] = bool(found["external"])
+        for flag in ("due", "external", "delayed"):
+            found[flag] = bool(found[flag])
         front = Front(**found)
         fronts[front.lane].append(front)
     for queue in fronts.values():
@@ -302,18 +315,39 @@ def read_lanes_jobs(
     return fronts, hints
 
 
-def lock(db: str, ids: Sequence[int]) -> set[int] | None:
-    """Of these heads and followers, those this claim now holds, still waiting for a worker:
-    on PostgreSQL locked, skipping rows another transaction holds (a worker, staff), never
-    waiting for them. None on SQLite (one writer at a time: all of them)."""
-    if not ids or not connections[db].features.has_select_for_update_skip_locked:
+def lock(db: str, picked: Picked, size: int) -> set[int] | None:
+    """Of the picked heads (in their order) the first ``size`` this claim can hold, and their
+    lanes' followers: on PostgreSQL locked, skipping rows another transaction holds (a worker
+    claiming them, staff), never waiting for them, and still waiting for a worker. None on SQLite
+    (one writer at a time: all of them).
+
+    The limit applies after the lock, so that claims at once take different heads: pick them
+    with no limit of its own, then :func:`pick` again with what this returns."""
+    conn = connections[db]
+    if not picked.heads or not conn.features.has_select_for_update_skip_locked:
         return None
-    qs = (
-        Job.objects.using(db)
-        .filter(queries.due(), queries.unclaimed(), pk__in=list(ids))
-        .select_for_update(skip_locked=True)
+    table = conn.ops.quote_name(Job._meta.db_table)
+    claimable = ", ".join(f"'{status}'" for status in CLAIMABLE)
+    waiting = (
+        f"j.status IN ({claimable}) AND j.run_after <= STATEMENT_TIMESTAMP() AND j.claim_token = ''"
     )
-    return set(qs.values_list("id", flat=True))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT j.id FROM {table} j JOIN unnest(%s::bigint[]) WITH ORDINALITY AS c(id, n) "
+            f"ON j.id = c.id WHERE {waiting} ORDER BY c.n LIMIT %s FOR UPDATE OF j SKIP LOCKED",
+            [[f.id for f in picked.heads], size],
+        )
+        held = {row[0] for row in cursor.fetchall()}
+        lanes = {f.lane for f in picked.heads if f.id in held}
+        behind = [f.id for f in picked.followers if f.lane in lanes]
+        if behind:
+            cursor.execute(
+                f"SELECT j.id FROM {table} j WHERE j.id = ANY(%s) AND {waiting} "
+                "FOR UPDATE OF j SKIP LOCKED",
+                [behind],
+            )
+            held.update(row[0] for row in cursor.fetchall())
+    return held
 
 
 def settle_hints(db: str, picked: Picked) -> None:

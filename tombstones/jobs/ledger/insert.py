@@ -69,8 +69,8 @@ def insert_job(
 
 def _insert_in_lane(db: str, fields: dict[str, Any]) -> Job:
     """One statement (PostgreSQL): the INSERT names its lane through the lane's row, held from
-    before the row is formed until the commit (:func:`.lanes.guard_sql`), so that even in
-    autocommit no claim takes from the lane while the job is not visible yet."""
+    before the row is formed until the commit (:func:`.lanes.guard_sql`), and takes its place
+    once it holds it, behind every job of the lane another session can see."""
     conn = connections[db]
     job = Job(**fields)
     columns, values, params = [], [], []
@@ -84,6 +84,9 @@ def _insert_in_lane(db: str, fields: dict[str, Any]) -> Job:
             continue
         values.append("COALESCE((SELECT key FROM guard), %s)" if field.name == "lane" else "%s")
         params.append(field.get_db_prep_save(value, conn))
+    # Its place: once the lane's row is held (a statement's own time is taken before it waits).
+    place = columns.index(conn.ops.quote_name("queued_at"))  # a DEFAULT: no parameter of its own
+    values[place] = "COALESCE((SELECT clock_timestamp() FROM guard), clock_timestamp())"
     sql = (
         f"WITH {lanes.guard_sql()} INSERT INTO {conn.ops.quote_name(Job._meta.db_table)} "
         f"({', '.join(columns)}) VALUES ({', '.join(values)}) "

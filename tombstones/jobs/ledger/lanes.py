@@ -3,10 +3,16 @@
 A job's place in its lane is taken when its INSERT runs, but other sessions see the job only
 once its transaction commits: a job enqueued earlier in a long transaction would appear *ahead*
 of a later job that committed, and perhaps already ran, in the meantime. So an enqueue holds its
-lane's row (``FOR KEY SHARE``, several enqueues at once) from before its INSERT until it
-commits, and a claim takes a lane only by locking that row (``FOR UPDATE SKIP LOCKED``): while
-any enqueue of a lane is in flight, no claim takes from it, and once they committed, the claim's
-next statement sees them all. SQLite runs one write transaction at a time and needs none of it.
+lane's row (``FOR NO KEY UPDATE``) from before its INSERT until it commits, and takes its place
+only once it holds it: the enqueues of a lane commit one after the other, each placed behind
+every job of its lane anyone can see. A claim needs no lock for that: whatever it sees of a lane
+is placed before whatever it does not see yet.
+
+Except a delayed job: its place is its due time, taken at its enqueue, so an immediate job
+enqueued just before that time, still in flight, would come before it. A claim takes a delayed
+job that is first in its lane only after locking the lane's row (``FOR UPDATE SKIP LOCKED``,
+skipping a lane with an enqueue in flight) and reading the lane again. SQLite runs one write
+transaction at a time and needs none of it.
 """
 
 from __future__ import annotations
@@ -41,9 +47,9 @@ def remember(db: str, key: str, *, exists: bool = True) -> None:
 
 
 def guard_sql() -> str:
-    """The CTE an INSERT of a job names its lane through: the lane's row held (``FOR KEY
-    SHARE``) before the row is formed, until the commit."""
-    return f"guard AS MATERIALIZED (SELECT key FROM {_TABLE} WHERE key = %s FOR KEY SHARE)"
+    """The CTE an INSERT of a job names its lane and its place through: the lane's row held
+    (``FOR NO KEY UPDATE``) before the row is formed, until the commit."""
+    return f"guard AS MATERIALIZED (SELECT key FROM {_TABLE} WHERE key = %s FOR NO KEY UPDATE)"
 
 
 def guarded(db: str) -> bool:
@@ -53,10 +59,11 @@ def guarded(db: str) -> bool:
 
 def hold(db: str, key: str) -> None:
     """Hold ``key``'s lane row until the caller's transaction ends (an enqueue, before its
-    INSERT). Creates the row on a lane's first job."""
+    INSERT: the INSERT that follows takes its place after every job of the lane that committed).
+    Creates the row on a lane's first job."""
     if not guarded(db):
         return
-    lock = f"SELECT 1 FROM {_TABLE} WHERE key = %s FOR KEY SHARE"
+    lock = f"SELECT 1 FROM {_TABLE} WHERE key = %s FOR NO KEY UPDATE"
     with connections[db].cursor() as cursor:
         cursor.execute(lock, [key])
         if cursor.fetchone() is not None:
@@ -72,10 +79,10 @@ def hold(db: str, key: str) -> None:
 
 
 def take(db: str, keys: Sequence[str], limit: int, *, wait: bool = False) -> tuple[list[str], int]:
-    """Of ``keys`` (in the claim's order), up to ``limit`` lanes this claim may take from, and
-    how many of ``keys`` it went through to find them. Their rows stay locked until the claim's
-    transaction ends; a lane another claim or an unfinished enqueue holds is skipped. A lane
-    without a row (a job written by hand) is not guarded: taken as is.
+    """Of ``keys`` (in the claim's order), up to ``limit`` lanes a claim may take a delayed job
+    from, and how many of ``keys`` it went through to find them. Their rows stay locked until the
+    claim's transaction ends; a lane another claim or an unfinished enqueue holds is skipped. A
+    lane without a row (a job written by hand) is not guarded: taken as is.
 
     ``wait``: wait for the rows instead (a claim of given jobs, the race fixture's: a claim of
     another job of the lane holds its row only for a moment).
