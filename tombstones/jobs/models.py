@@ -390,10 +390,10 @@ def with_row_events(jobs: list[Job], stored: Any) -> list[JobEvent]:
 class Lane(models.Model):
     """One row per ordering key: the lock that keeps a lane's places in commit order.
 
-    On PostgreSQL an enqueue holds its lane's row (``FOR KEY SHARE``) until it commits, and a
-    claim takes a lane only with ``FOR UPDATE SKIP LOCKED``: a job whose enqueue has not
-    committed yet can never be overtaken by a later job of its lane that did. SQLite runs one
-    write transaction at a time and needs no row.
+    On PostgreSQL an enqueue holds its lane's row (``FOR NO KEY UPDATE``) from before its INSERT
+    until it commits, and takes its place once it holds it: a job whose enqueue has not committed
+    yet can never be overtaken by a later job of its lane (see :mod:`.ledger.lanes`). SQLite runs
+    one write transaction at a time and needs no row.
     """
 
     key = models.CharField("ordering key", max_length=255, unique=True)
