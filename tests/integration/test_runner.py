@@ -399,9 +399,9 @@ def test_keeper__a_claim_held_longer_than_its_lease_is_never_taken_back(
             done.set()
             thread.join(30)
     # The sweeps that could have taken a lease back: after it would have lapsed unrenewed, while
-    # the claim still ran (about 20 of them).
+    # the claim still ran (about 24 on a quiet machine, 9 in a CI cell of 4 processes on 2 cores).
     lapsed = claimed + settings.TOMBSTONES_LEASE.total_seconds()
-    assert sum(lapsed < began and end < ended for began, end, _ in swept) >= 10
+    assert sum(lapsed < began and end < ended for began, end, _ in swept) >= 5
     assert sum(did["requeued"] for _, _, did in swept) == 0
     assert sorted(o.job_id for o in ran) == sorted(j.pk for j in jobs)
     assert sorted(slept) == sorted(j.pk for j in jobs)
