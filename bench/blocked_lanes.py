@@ -14,6 +14,9 @@ For each database (``--db``), kind of block (``--kind``) and number of blocked l
    with a long backoff leaves), ``running`` = ``running`` under a live lease (an hour) held by
    another claim token, ``paused`` = ``paused``. Every blocked lane is older than the fresh jobs
    below (its jobs' ``queued_at`` and ids are earlier);
+   right after it, one fresh job for another record, run as in 5: every job just enqueued has
+   a due hint (the block's ``UPDATE`` writes none) and the fresh job's is the last, so the
+   claims look at each of them once first (work that follows the burst, not the blocked lanes);
 4. the cost of one claim with nothing claimable: ``tombstones.jobs.ledger.claim`` with the
    engine's arguments (``runner.pump``: the batch size, the cluster's worker count, ``whole``
    False (a process's first claim, slow handlers) and True (quick handlers)), in autocommit as
@@ -273,7 +276,7 @@ def build(args: argparse.Namespace, kind: str, n: int) -> tuple[list[Any], dict[
     reset_tables()
     rows = [
         Customer(reference=f"L{i:07d}", name="Bench", email="bench@example.invalid")
-        for i in range(n + 4)
+        for i in range(n + 5)
     ]
     models.QuerySet(Customer).bulk_create(rows, batch_size=500)
     records = list(Customer.objects.order_by("pk"))
@@ -394,8 +397,19 @@ def time_wakeups(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def hinted_count() -> int | None:
+    """Jobs whose hint is due (None on an engine without hints)."""
+    from tombstones.models import Job
+
+    hinted = getattr(Job.objects, "hinted", None)
+    return None if hinted is None else int(hinted().count())
+
+
 def time_to_claim(args: argparse.Namespace, record: Any) -> dict[str, Any]:
     """Enqueue one fresh job, run wake-ups until it has an outcome or the bound passes.
+
+    The wake-ups name no job (``run()``, as an alarm's or a lost message's): the claim must find
+    the job among the due ones by itself.
 
     A job still queued at the bound is then set ``cancelled`` (one UPDATE of its status), so
     that the next probe finds the same backlog: N blocked lanes and nothing else due.
@@ -412,7 +426,7 @@ def time_to_claim(args: argparse.Namespace, record: Any) -> dict[str, Any]:
     runs = 0
     status = Job.Status.QUEUED
     while True:
-        tombstones.worker.run(job.pk)  # as the wake-up message naming the job would
+        tombstones.worker.run()
         runs += 1
         elapsed = time.perf_counter() - t0
         status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).get()
@@ -477,6 +491,11 @@ def one_case(args: argparse.Namespace, kind: str, n: int) -> dict[str, Any]:
     case: dict[str, Any] = {"kind": kind, "lanes": n, "setup": setup, "claim": {}}
     # The machine is shared: the 1-minute load average before the setup and after the case.
     case["load_1m"] = [round(load, 2)]
+    # Right after the burst: every job just enqueued has its hint due (the heads' block wrote no
+    # hint), and a fresh job's hint is the last of them: claims look at each once first.
+    case["hints_after_burst"] = hinted_count()
+    case["fresh_after_burst"] = time_to_claim(args, fresh[3])
+    case["hints_left"] = hinted_count()
     # Nothing claimable: the claim should find nothing, at a cost that does not follow N.
     for mode, whole in MODES:
         case["claim"][f"idle_{mode}"] = time_claims(args, whole, rollback=False)
@@ -519,12 +538,14 @@ def outcome(probe: dict[str, Any]) -> tuple[str, str]:
 
 def one_line(case: dict[str, Any]) -> str:
     warm, new = outcome(case["fresh"]), outcome(case["fresh_new_worker"])
+    burst = outcome(case["fresh_after_burst"])
     claims = ", ".join(
         f"{k} {v['ms_median']} ms/{v['statements']} st" for k, v in case["claim"].items()
     )
     return (
         f"{case['kind']:8} N={case['lanes']:<6} setup {case['setup']['setup_s']} s "
         f"(load {'/'.join(str(v) for v in case.get('load_1m', []))}); "
+        f"after the burst ({case['hints_after_burst']} hints due): {burst[0]} {burst[1]} s; "
         f"fresh job: warm worker {warm[0]} {warm[1]} s, new worker {new[0]} {new[1]} s; "
         f"claim {claims}"
     )
@@ -532,7 +553,8 @@ def one_line(case: dict[str, Any]) -> str:
 
 def render(db: str, data: dict[str, Any]) -> str:
     head = (
-        "| kind | N | claimed? warm / new worker | s to claim warm / new | claim "
+        "| kind | N | after the burst: hints, s to claim "
+        "| claimed? warm / new worker | s to claim warm / new | claim "
         "| idle ms p50 / p90 | st | xN0 | fresh ms p50 / p90 | st | took it? | xN0 "
         "| wake-up ms p50 | st |"
     )
@@ -542,10 +564,11 @@ def render(db: str, data: dict[str, Any]) -> str:
         f"{db} ({data.get('server', '')}{load})",
         "",
         head,
-        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for case in data["cases"]:
         warm, new = outcome(case["fresh"]), outcome(case["fresh_new_worker"])
+        burst = outcome(case["fresh_after_burst"])
         wake = case["wakeup_idle"]
         for i, (mode, _) in enumerate(MODES):
             idle, found = case["claim"][f"idle_{mode}"], case["claim"][f"fresh_{mode}"]
@@ -553,6 +576,7 @@ def render(db: str, data: dict[str, Any]) -> str:
             cells = [
                 case["kind"] if first else "",
                 f"{case['lanes']:,}" if first else "",
+                f"{case['hints_after_burst']:,}, {burst[1]}" if first else "",
                 f"{warm[0]} / {new[0]}" if first else "",
                 f"{warm[1]} / {new[1]}" if first else "",
                 mode,
@@ -569,9 +593,12 @@ def render(db: str, data: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
+        "after the burst: one fresh job enqueued right after the setup's enqueues, whose hints",
+        "are all due (its own the last): seconds until a warm worker's run() calls finished it.",
         "claimed?: the fresh job, run by this process (a warm worker: its last claim ran a quick",
         "job, so it claims whole=True) / by a new forked worker (its first claims: whole=False);",
-        "'starved' = still queued after the bound. claim: `share` = ledger.claim(whole=False),",
+        "'starved' = still queued after the bound; run() names no job (the claim finds it).",
+        "claim: `share` = ledger.claim(whole=False),",
         "`whole` = ledger.claim(whole=True), both with the batch size and the cluster's workers.",
         "idle: nothing claimable; fresh: one fresh job claimable (each call rolled back).",
         "st: SQL statements per call; xN0: median over the median at the smallest N.",
