@@ -105,3 +105,24 @@ def test_plans__on_sqlite_the_engine_reads_through_indexes_too() -> None:
             if full:
                 scans.append((full, sql[-500:]))
     assert scans == [], scans
+
+
+def test_plans__on_sqlite_the_claim_takes_its_jobs_by_id() -> None:
+    """The claim's UPDATE finds its jobs by id: SQLite's planner would otherwise walk the
+    due-jobs index (every queued job behind a blocked head: a cost that follows them)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's planner (PostgreSQL's plans are pinned above)")
+    jobs = [tombstones.enqueue("customers.update_sheet_row", SheetRowFactory().customer)]
+    with CaptureQueriesContext(connection) as captured:
+        run(jobs[0])
+    takes = [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].startswith('UPDATE "tombstones_job"') and "RETURNING" in q["sql"]
+    ]
+    assert takes, "the claim ran no UPDATE ... RETURNING?"
+    with connection.cursor() as cursor:
+        for sql in takes:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            plan = [row[-1] for row in cursor.fetchall()]
+            assert plan[0] == "SEARCH tombstones_job USING INTEGER PRIMARY KEY (rowid=?)", plan
