@@ -69,12 +69,14 @@ from bench.run import (  # noqa: E402 - after the path set-up
     machine,
     pct,
     reset_tables,
+    strip_parent_args,
 )
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/bench_blocked"
 DEFAULT_SQLITE = "/tmp/tombstones-bench/blocked.sqlite3"
 KINDS = ("retry", "running", "paused")
 MODES = (("share", False), ("whole", True))  # the claim's ``whole`` argument
+PARENT_ARGS = ("--db", "--json", "--child", "--out")  # set by the parent per child
 CHUNK = 500  # enqueues per transaction while setting up
 # Transaction control, not counted as statements of the claim.
 CONTROL = re.compile(r"^\s*(SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT)\b", re.IGNORECASE)
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             out = tmp.name
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", db, "--out", out]
-        cmd += strip(argv if argv is not None else sys.argv[1:])
+        cmd += strip_parent_args(argv if argv is not None else sys.argv[1:], PARENT_ARGS)
         print(f"== {db}", flush=True)
         rc = subprocess.call(cmd, cwd=str(ROOT))
         try:
@@ -156,22 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         print(f"JSON: {args.json}")
     return code
-
-
-def strip(argv: list[str]) -> list[str]:
-    """The user's arguments minus those the parent sets per child."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in ("--db", "--json", "--child", "--out"):
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
 
 
 # --- child: one database --------------------------------------------------------------------

@@ -237,8 +237,10 @@ def git_head() -> str:
         return ""
 
 
-def strip_parent_args(argv: list[str]) -> list[str]:
-    """The user's arguments minus those the parent sets per child."""
+def strip_parent_args(
+    argv: list[str], names: tuple[str, ...] = ("--db", "--broker", "--json")
+) -> list[str]:
+    """The user's arguments minus ``names``, which the parent sets per child."""
     out: list[str] = []
     skip = False
     for arg in argv:
@@ -246,7 +248,7 @@ def strip_parent_args(argv: list[str]) -> list[str]:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--db", "--broker", "--json"):
+        if name in names:
             skip = "=" not in arg
             continue
         out.append(arg)

@@ -64,6 +64,27 @@ def _lane_runs_in_place_order(jobs: list[Job]) -> None:
     assert [pk for pk in ran if pk in mine] == [pk for pk, _ in placed]
 
 
+def _enqueue_in_a_long_transaction(
+    customer: Any, early: list[Job]
+) -> tuple[threading.Thread, threading.Event, threading.Event]:
+    """A started thread that enqueues a job of ``customer``'s lane in a transaction it keeps
+    open: ``inserted`` is set once the job is in ``early``, the thread commits on ``commit``."""
+    inserted, commit = threading.Event(), threading.Event()
+
+    def enqueue() -> None:
+        try:
+            with transaction.atomic():
+                early.append(tombstones.enqueue("t.touch", customer))
+                inserted.set()
+                commit.wait(JOIN_TIMEOUT)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=enqueue)
+    thread.start()
+    return thread, inserted, commit
+
+
 def _waiting_on_a_lock(pid: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
@@ -83,19 +104,10 @@ def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
     tombstones.enqueue("t.touch", customer)
     runner.pump()
     ran.clear()
-    inserted, commit = threading.Event(), threading.Event()
     early: list[Job] = []
     late: list[Job] = []
     pids: list[int] = []
-
-    def enqueue_in_a_long_transaction() -> None:
-        try:
-            with transaction.atomic():
-                early.append(tombstones.enqueue("t.touch", customer))
-                inserted.set()
-                commit.wait(JOIN_TIMEOUT)
-        finally:
-            connection.close()
+    first, inserted, commit = _enqueue_in_a_long_transaction(customer, early)
 
     def enqueue_the_next() -> None:
         try:
@@ -106,8 +118,6 @@ def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
         finally:
             connection.close()
 
-    first = threading.Thread(target=enqueue_in_a_long_transaction)
-    first.start()
     second = threading.Thread(target=enqueue_the_next)
     try:
         assert inserted.wait(JOIN_TIMEOUT)
@@ -144,20 +154,8 @@ def test_order__a_delayed_job_waits_for_an_earlier_enqueue_still_in_flight(
     ran.clear()
     due = timezone.now() + timedelta(seconds=1)
     delayed = tombstones.enqueue("t.touch", customer, run_after=due)
-    inserted, commit = threading.Event(), threading.Event()
     early: list[Job] = []
-
-    def enqueue_in_a_long_transaction() -> None:
-        try:
-            with transaction.atomic():
-                early.append(tombstones.enqueue("t.touch", customer))
-                inserted.set()
-                commit.wait(JOIN_TIMEOUT)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=enqueue_in_a_long_transaction)
-    thread.start()
+    thread, inserted, commit = _enqueue_in_a_long_transaction(customer, early)
     try:
         assert inserted.wait(JOIN_TIMEOUT)
         time.sleep(max(0.0, (due - timezone.now()).total_seconds()) + 0.05)  # its due time
