@@ -14,7 +14,7 @@ at are cleared, except those of a head it could not take (its batch was full, an
 holds it), which the next claim sees first.
 
 :func:`pick` makes the choice from what was read (no SQL); :func:`read_lanes`,
-:func:`read_fronts` and :func:`take` are its statements.
+:func:`read_lanes_jobs`, :func:`lock`, :func:`take` and :func:`settle_hints` are its statements.
 """
 
 from __future__ import annotations
