@@ -770,17 +770,17 @@ def test_followers__of_a_dead_worker_are_given_back_with_its_head(queued: Any) -
     assert [j.pk for j in alone.jobs] == [lane[0].pk]
 
 
-def test_longest_due_wait__of_the_claimable_job_due_longest_ago(queued: Any) -> None:
+def test_oldest_hint_wait__of_the_hint_due_longest_ago(queued: Any) -> None:
     """What the keeper asks before calling a helper for a long claim."""
-    assert Job.objects.longest_due_wait() is None
+    assert Job.objects.oldest_hint_wait() is None
     lane = _lane_of(2)
-    Job.objects.filter(pk=lane[0].pk).update(run_after=Now() - Value(timedelta(seconds=5)))
-    waited = Job.objects.longest_due_wait()
+    Job.objects.filter(pk=lane[0].pk).update(ready_at=Now() - Value(timedelta(seconds=5)))
+    waited = Job.objects.oldest_hint_wait()
     assert waited is not None
     assert timedelta(seconds=5) <= waited < timedelta(seconds=60)
-    taken = ledger.claim(20, whole=True)  # the head, its follower reserved: nothing claimable
+    taken = ledger.claim(20, whole=True)  # the head, its follower reserved: no hint left
     assert taken is not None
-    assert Job.objects.longest_due_wait() is None
+    assert Job.objects.oldest_hint_wait() is None
 
 
 def test_claims__no_follower_is_reserved_behind_an_external_head(settings: Any) -> None:

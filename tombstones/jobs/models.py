@@ -102,11 +102,6 @@ class JobQuerySet(models.QuerySet["Job"]):
         waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
         return self.claimable().annotate(waited=waited).order_by("run_after", "id")
 
-    def longest_due_wait(self) -> timedelta | None:
-        """How long the oldest due job has been due (:meth:`oldest_due`); None if none is."""
-        # (The stubs do not follow an annotation through a queryset method.)
-        return self.oldest_due().values_list("waited", flat=True).first()  # type: ignore[misc]
-
     def next_due_in(self) -> timedelta | None:
         """How long until something becomes due (a delayed job, a retry, a lease's end), in the
         database's clock; None when nothing waits.
