@@ -178,7 +178,9 @@ def test_check__takes_no_lock_a_change_before_the_write_lands_at_once(
         waits = other.run_watched()  # while the handler is still held before its write
         held.release()
     assert "Lock" not in waits
-    assert other.seconds < 0.2, f"the change took {other.seconds:.3f}s"
+    # A wait for the held handler would last until its release (run_watched fails after 5 s);
+    # a second covers a loaded CI machine (0.23 s seen with 4 test processes on 2 cores).
+    assert other.seconds < 1.0, f"the change took {other.seconds:.3f}s"
     job.refresh_from_db()
     assert (job.status, job.reason, job.rereads) == expected
     row.refresh_from_db()
@@ -208,7 +210,8 @@ def test_staff_and_web_requests__never_wait_for_a_handler_that_has_not_written(
         waits = other.run_watched()
         held.release()
     assert "Lock" not in waits
-    assert other.seconds < 0.2, f"{request_kind} took {other.seconds:.3f}s"
+    # As above: a wait would last until the release; a second covers a loaded CI machine.
+    assert other.seconds < 1.0, f"{request_kind} took {other.seconds:.3f}s"
     job.refresh_from_db()
     if request_kind == "admin delete":
         assert (job.status, job.reason) == (Status.REJECTED, Reason.SOURCE_DELETED)
