@@ -60,7 +60,7 @@ def _q_sync(settings: object) -> None:
 def _fresh_worker_memory() -> None:
     # A worker remembers whether its last claim ran quickly (the next claim's size): each test
     # starts as a fresh worker.
-    from tombstones.jobs.engine import phases, runner
+    from tombstones.jobs.engine import runner
 
-    runner._quick.clear()
-    phases.handler_times.clear()  # which handlers ran slowly (a slow one gets a group of its own)
+    # (and which handlers ran slowly: a slow one gets a group of its own).
+    runner.current().reset_pace()

@@ -150,4 +150,4 @@ def claim(job: Job, *, using: str | None = None) -> ledger.Claim:
 def record(claim: ledger.Claim, status: str, reason: str = "", **fields: Any) -> None:
     """Record an outcome for a claimed job as the worker does (one transaction)."""
     with transaction.atomic(using=claim.using):
-        ledger.record(claim, [ledger.Outcome(claim.jobs[0], status, reason, **fields)])
+        ledger.write_outcomes(claim, [ledger.Outcome(claim.jobs[0], status, reason, **fields)])

@@ -20,7 +20,7 @@ class TombstonesConfig(AppConfig):
         from . import signals
         from .jobs import checks as job_checks
         from .jobs import erasure, retention, sqlite_indexes
-        from .jobs.engine.alarms import on_worker_start
+        from .jobs.engine.runner import on_worker_start
         from .jobs.engine.sweep import install_schedule
         from .records import checks as record_checks
         from .worker import mark_q_task

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import connections
 
 from .jobs import retention
+from .jobs.cluster import task_seconds
 from .jobs.engine import runner, sweep
 from .jobs.models import Job
 from .jobs.wakeups import TASK
@@ -26,7 +27,7 @@ def run(job_id: int | None = None) -> dict[str, Any]:
     """Entry point called by django-q2; ``job_id`` only names the job that sent the message."""
     _close_old_connections()
     try:
-        return runner.result(job_id, runner.pump(seconds=runner.task_seconds()))
+        return runner.result(job_id, runner.pump(seconds=task_seconds()))
     finally:
         _close_old_connections()
 

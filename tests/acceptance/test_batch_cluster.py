@@ -11,7 +11,7 @@ The slow-claim and the cancel tests need other writers to act while a group's tr
 open, which SQLite's single writer never lets happen: there the other worker could not run the
 quick jobs meanwhile (the keeper does not hand them over), and the cancel waits for the group's
 commit (up to the busy timeout) and lands after the follower was given back or ran. The refusal
-itself is tested on both databases without a cluster (tests/integration/test_batch_isolation.py).
+itself is tested on both databases without a cluster (tests/integration/test_engine_group.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 import tombstones
 from project.customers.models import Customer, SheetRow
 from tests.factories import SheetRowFactory
-from tombstones.jobs.engine import phases
+from tombstones.jobs.engine import steps
 from tombstones.models import Job, JobEvent
 
 
@@ -50,11 +50,11 @@ def test_seed__delete_committed_between_check_and_write_makes_the_write_fail(
     with transaction.atomic():
         job = tombstones.enqueue("customers.update_sheet_row", customer)
     # The worker's phases, driven by hand so the deletion lands between check and write.
-    attempt = phases.claim(job.pk)
+    attempt = steps.claim(job.pk)
     assert attempt is not None
-    assert phases.check(attempt) is None  # passed the check: the record was live
+    assert steps.check(attempt) is None  # passed the check: the record was live
     _in_other_connection(lambda: Customer.objects.get(pk=customer.pk).delete())
-    outcome = phases.act(attempt)
+    outcome = steps.act(attempt)
     assert (outcome.status, outcome.reason) == ("rejected", "source_deleted")
     row.refresh_from_db()
     assert row.synced_version is None
@@ -113,7 +113,7 @@ class Interleavings(RuleBasedStateMachine):
         self.pk = self.row.customer.pk
         self.reference = self.row.customer.reference
         self.jobs: list[int] = []
-        self.started: dict[int, phases.Attempt] = {}
+        self.started: dict[int, steps.Attempt] = {}
         self.last_stamp = ""
 
     def _record(self) -> Customer:
@@ -143,8 +143,8 @@ class Interleavings(RuleBasedStateMachine):
         if not self.jobs:
             return
         job_id = data.draw(st.sampled_from(self.jobs))
-        attempt = phases.claim(job_id)
-        if attempt is not None and phases.check(attempt) is None:
+        attempt = steps.claim(job_id)
+        if attempt is not None and steps.check(attempt) is None:
             self.started[job_id] = attempt
 
     @rule(data=st.data())
@@ -154,7 +154,7 @@ class Interleavings(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(sorted(self.started)))
         attempt = self.started.pop(job_id)
         before = self._record()
-        outcome = phases.act(attempt)
+        outcome = steps.act(attempt)
         after = self._record()
         job = Job.objects.get(pk=job_id)
         if outcome.status == "succeeded":

@@ -33,7 +33,8 @@ def _row(pk: Any) -> dict[str, Any]:
 
 def _write(record: Any, fields: dict[str, Any], *, version: int | None = None) -> int:
     version = record.version if version is None else version
-    return fencing.update_record(type(record), record.pk, record.generation, version, fields)
+    fence = fencing.Fence(type(record), record.pk, record.generation, version)
+    return fencing.update_record(fence, fields)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,9 @@ def test_fenced_update__the_handlers_write_refuses_a_record_tables_primary_key()
     record = CustomerFactory()
     target = Customer.all_objects.filter(pk=record.pk)
     with pytest.raises(ProtectedField, match=r"customers\.Customer\.id names"):
-        fencing.write_related(target, Customer, record.pk, 1, 1, {"id": record.pk + 100})
+        fencing.write_related(
+            target, fencing.Fence(Customer, record.pk, 1, 1), {"id": record.pk + 100}
+        )
     assert list(Customer.all_objects.values_list("pk", "version")) == [(record.pk, 1)]
 
 

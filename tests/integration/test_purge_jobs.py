@@ -491,7 +491,7 @@ def test_run_purge__purges_and_hands_what_is_left_to_another_message(
     for i in range(3):
         _job(Status.SUCCEEDED, finished=old + timedelta(minutes=i), events=1)
     sent: list[str] = []
-    monkeypatch.setattr("tombstones.jobs.engine.runner.task_seconds", lambda: 0.0)
+    monkeypatch.setattr("tombstones.jobs.retention.task_seconds", lambda: 0.0)
     monkeypatch.setattr(retention, "DEFAULT_BATCH", 2)
     monkeypatch.setattr(
         "django_q.tasks.async_task", lambda func, **options: sent.append(func) or "task-id"

@@ -23,6 +23,7 @@ from tests.jobkit import run, temp_handler
 from tombstones.exceptions import RecordDeleted, StaleVersion
 from tombstones.models import Job
 from tombstones.records import fencing
+from tombstones.records.fencing import Fence
 from tombstones.signals import record_tombstoned
 
 pytestmark = pytest.mark.django_db
@@ -163,15 +164,16 @@ def test_inheritance__the_handlers_update_and_write_are_fenced() -> None:
     account = _account()
     pk, generation, version = account.pk, account.generation, account.version
     assert fencing.update_record(
-        BusinessAccount, pk, generation, version, {"holder": "H", "credits": 7}
+        Fence(BusinessAccount, pk, generation, version), {"holder": "H", "credits": 7}
     )
     # The old version no longer matches: nothing is written, in either table.
     assert not fencing.update_record(
-        BusinessAccount, pk, generation, version, {"holder": "X", "credits": 99}
+        Fence(BusinessAccount, pk, generation, version), {"holder": "X", "credits": 99}
     )
     target = BusinessAccount.all_objects.filter(pk=pk)
-    assert fencing.write_related(target, BusinessAccount, pk, generation, 2, {"company": "W"})
-    assert not fencing.write_related(target, BusinessAccount, pk, generation, 2, {"company": "Z"})
+    at_two = Fence(BusinessAccount, pk, generation, 2)
+    assert fencing.write_related(target, at_two, {"company": "W"})
+    assert not fencing.write_related(target, at_two, {"company": "Z"})
     row = _row(pk)
     assert (row["version"], row["holder"], row["credits"], row["company"]) == (3, "H", 7, "W")
 
@@ -193,15 +195,10 @@ WRITES: dict[str, Callable[[BusinessAccount], Any]] = {
     "queryset-delete": lambda a: BusinessAccount.objects.filter(pk=a.pk).delete(),
     "save": lambda a: a.save(),
     "update": lambda a: BusinessAccount.objects.filter(pk=a.pk).update(company="U"),
-    "update_record": lambda a: fencing.update_record(
-        BusinessAccount, a.pk, a.generation, a.version, {"company": "R", "holder": "R"}
-    ),
+    "update_record": lambda a: fencing.update_record(Fence.of(a), {"company": "R", "holder": "R"}),
     "write_related": lambda a: fencing.write_related(
         BusinessAccount.all_objects.filter(pk=a.pk),
-        BusinessAccount,
-        a.pk,
-        a.generation,
-        a.version,
+        Fence.of(a),
         {"company": "W"},
     ),
 }

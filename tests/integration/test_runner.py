@@ -291,21 +291,45 @@ def test_poison__a_handler_that_exits_ends_failed_crashed_after_max_attempts(
     assert set(innocent.values_list("attempts", flat=True)) == {1}
 
 
+def test_poison__an_external_call_that_exits_the_worker_is_its_own_crash(queued: Any) -> None:
+    """A handler that exits the worker while its external call goes out is the claim's culprit:
+    the call may have landed, so the job ends ``uncertain`` and is never sent again by itself.
+    (The check that ran just before the call used to leave it marked idle: it was given back as
+    an innocent job, ``queued`` again with its call already out.)"""
+    customer = CustomerFactory()
+    calls: list[int] = []
+
+    def exits(ctx: Any) -> None:
+        calls.append(ctx.job.pk)
+        raise SystemExit
+
+    with temp_handler("t.call_exits", exits, external=True):
+        job = tombstones.enqueue("t.call_exits", customer)
+        with pytest.raises(SystemExit):
+            _pump()
+        job.refresh_from_db()
+        assert (job.status, job.reason) == (Status.UNCERTAIN, Reason.OUTCOME_UNKNOWN)
+        assert job.attempts == 1
+        make_due(job)
+        _pump()
+    assert calls == [job.pk]  # sent once, never again by itself
+
+
 def test_poison__a_crash_in_the_check_is_capped_and_the_pump_goes_on(
     queued: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.TOMBSTONES_MAX_ATTEMPTS = 2
     customer = CustomerFactory()
-    from tombstones.jobs.engine import phases
+    from tombstones.jobs.engine import check
 
-    real = phases.get_handler
+    real = check.get_handler
 
     def broken_lookup(name: str) -> Any:
         if name == "t.touch_broken":
             raise RuntimeError("a handlers module that fails to import")
         return real(name)
 
-    monkeypatch.setattr(phases, "get_handler", broken_lookup)
+    monkeypatch.setattr(check, "get_handler", broken_lookup)
     with temp_handler("t.touch_broken", _touch):
         poison = tombstones.enqueue("t.touch_broken", customer)
         behind = tombstones.enqueue("t.touch", customer)
@@ -738,7 +762,7 @@ def test_followers__reserved_ones_are_never_taken_by_another_claim(queued: Any) 
     assert first is not None
     assert [j.pk for j in first.jobs] == [lane[0].pk, lane[1].pk]
     with transaction.atomic():
-        ledger.record(first, [ledger.Outcome(first.jobs[0], Status.SUCCEEDED)])
+        ledger.write_outcomes(first, [ledger.Outcome(first.jobs[0], Status.SUCCEEDED)])
     # The head is done; its follower is still reserved by the first claim.
     assert ledger.claim(20, whole=True) is None
     assert ledger.claim(20) is None

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
 from ..records import fencing
+from ..records.fencing import Fence
 
 if TYPE_CHECKING:
-    from .ledger import Claim
     from .models import Job
 
 
@@ -26,8 +27,9 @@ class HandlerContext:
     classifies the conflict itself, so a handler never needs to catch anything.
     """
 
-    def __init__(self, claim: Claim, job: Job, record: Any) -> None:
-        self._claim = claim
+    def __init__(self, job: Job, record: Any, *, heartbeat: Callable[[], bool]) -> None:
+        # Handed in by the engine that holds the job's lease (the context imports no engine).
+        self._heartbeat = heartbeat
         self.job = job
         self.record = record
         self.params: dict[str, Any] = dict(job.params or {})
@@ -46,23 +48,22 @@ class HandlerContext:
         return self.job.idempotency_key
 
     @property
-    def _fence(self) -> tuple[type[models.Model], Any, int, int]:
-        record = self.record
-        return type(record), record.pk, record.generation, record.version
+    def _fence(self) -> Fence:
+        return Fence.of(self.record)
 
     def update(self, **fields: Any) -> int:
         """Fenced update of the record itself; returns 1, or 0 when the fence failed."""
         if self.fence_lost is not None:
             return 0
-        model, pk, generation, version = self._fence
+        fence = self._fence
         db = self.record._state.db
-        matched = fencing.update_record(model, pk, generation, version, fields, using=db)
+        matched = fencing.update_record(fence, fields, using=db)
         if matched:
-            values, computed = fencing.as_stored(model, fields)
+            values, computed = fencing.as_stored(fence.model, fields)
             if computed:
                 # F() and other expressions, and values the database rounds: what it stored (no
                 # other writer can move the row now: this UPDATE holds it until the commit).
-                values.update(fencing.read_fields(model, pk, computed, using=db))
+                values.update(fencing.read_fields(fence.model, fence.pk, computed, using=db))
             for name, value in values.items():
                 setattr(self.record, name, value)
             self.applied += values.items()
@@ -76,23 +77,21 @@ class HandlerContext:
         """Fenced update of rows of another table, tied to the record in the same statement."""
         if self.fence_lost is not None:
             return 0
-        model, pk, generation, version = self._fence
+        fence = self._fence
         dead = self.record.deleted_at is not None
-        held = fencing.hold(model, pk, generation, version, live=not dead, using=queryset.db)
+        held = fencing.share_lock(fence, live=not dead, using=queryset.db)
         if held is False:  # the source moved before the write: nothing is written
-            self.fence_lost = fencing.observe(model, pk, generation, version, using=queryset.db)
+            self.fence_lost = fencing.observe(fence, using=queryset.db)
             if self.fence_lost.state == fencing.State.LIVE and not dead:
-                self.fence_lost = fencing.Observation(fencing.State.STALE, generation, version)
+                self.fence_lost = fence.stale()
             return 0
-        matched = fencing.write_related(
-            queryset, model, pk, generation, version, fields, live=not dead
-        )
-        self.moved_record = self.moved_record or (matched > 0 and queryset.model is model)
+        matched = fencing.write_related(queryset, fence, fields, live=not dead)
+        self.moved_record = self.moved_record or (matched > 0 and queryset.model is fence.model)
         if matched == 0 and held is None:
             # 0 rows is either an empty target or a lost fence: one read tells them apart.
-            seen = fencing.observe(model, pk, generation, version, using=queryset.db)
+            seen = fencing.observe(fence, using=queryset.db)
             expected = fencing.State.TOMBSTONE if dead else fencing.State.LIVE
-            if seen.state != expected or (dead and seen.version != version):
+            if seen.state != expected or (dead and seen.version != fence.version):
                 self.fence_lost = seen
         self.writes += matched
         return matched
@@ -103,15 +102,11 @@ class HandlerContext:
         The worker renews its leases by itself while it holds them (:mod:`tombstones.keeper`):
         call this to learn, in a long handler, whether the job is still yours.
         """
-        from .engine.keeper import heartbeat
-
-        return heartbeat(self._claim)
+        return self._heartbeat()
 
     def _lost(self) -> None:
-        model, pk, generation, version = self._fence
-        self.fence_lost = fencing.observe(
-            model, pk, generation, version, using=self.record._state.db
-        )
+        fence = self._fence
+        self.fence_lost = fencing.observe(fence, using=self.record._state.db)
         if self.fence_lost.state == fencing.State.LIVE:
             # Cannot happen for a monotonic version; treat as stale rather than success.
-            self.fence_lost = fencing.Observation(fencing.State.STALE, generation, version)
+            self.fence_lost = fence.stale()

@@ -33,6 +33,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from ..conf import tombstone_settings
+from .cluster import task_seconds
 from .ledger.purge import prune_rollup, purge_batch
 from .models import Job, JobEvent, OutcomeRollup
 from .states import UNFINISHED, Status
@@ -248,8 +249,6 @@ def _nothing_left(db: str, cut: dict[str, datetime]) -> bool:
 def run_purge() -> dict[str, Any]:
     """The daily schedule's task: purge within half of django-q2's timeout, and hand what is
     left to another message (as a wake-up does with its budget)."""
-    from .engine.runner import task_seconds
-
     purged = purge(batch_size=DEFAULT_BATCH, seconds=task_seconds())
     result = purged.as_dict()
     result["continued"] = False

@@ -32,6 +32,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from ..conf import tombstone_settings
+from .cluster import runs_in_sync
 
 logger = logging.getLogger("tombstones")
 
@@ -64,13 +65,6 @@ def broker() -> Any:
 def _forget_brokers(*, setting: str, **kwargs: Any) -> None:
     if setting in ("Q_CLUSTER", "TOMBSTONES_Q_OPTIONS"):
         _brokers.clear()
-
-
-def runs_in_sync() -> bool:
-    """True when a wake-up runs the pump at once in the caller (django-q2's sync mode)."""
-    from django_q.conf import Conf
-
-    return bool(tombstone_settings.Q_OPTIONS.get("sync", Conf.SYNC))
 
 
 def wake(reason: int | None = None) -> str | None:

@@ -45,29 +45,64 @@ class Observation:
     deleted: bool = False  # the row found is a tombstone (at whatever generation)
 
 
-def observe(
-    model: type[models.Model],
-    pk: Any,
-    generation: int | None,
-    version: int | None,
-    *,
-    using: str | None = None,
-) -> Observation:
-    """One read of the record through all rows, classified against the expectation."""
+@dataclass(frozen=True)
+class Fence:
+    """What a job (or a save) expects of its record: this row, at this generation and version.
+
+    ``version=None`` expects the generation only (an external call's checks, the params kept
+    for staff). :meth:`lookups` is the one spelling of "live at the fence": the ORM's filters,
+    the hand-written UPDATE and the external call's ``Exists`` are all built from it.
+    """
+
+    model: type[models.Model]
+    pk: Any
+    generation: int
+    version: int | None = None
+
+    @classmethod
+    def of(cls, record: Any) -> Fence:
+        """A record instance's own fence: its generation and version as read."""
+        return cls(type(record), record.pk, record.generation, record.version)
+
+    def lookups(self, *, live: bool = True) -> dict[str, Any]:
+        """The fence's conditions on its own fields (without the pk).
+
+        ``live=False`` (handlers that propagate deletions) drops "not deleted" only."""
+        fence: dict[str, Any] = {"generation": self.generation}
+        if self.version is not None:
+            fence["version"] = self.version
+        return {**fence, "deleted_at__isnull": True} if live else fence
+
+    def q(self, *, live: bool = True) -> Q:
+        """The fence as a filter: the row is pk, at the fence, and (``live``) not deleted."""
+        return Q(pk=self.pk, **self.lookups(live=live))
+
+    def rows(self, using: str | None, *, live: bool = True) -> models.QuerySet[Any]:
+        """The record's row while it is at the fence (none otherwise), tombstones included."""
+        return rows.plain(self.model, using).filter(self.q(live=live))
+
+    def stale(self) -> Observation:
+        """A write that matched 0 rows of a record read as live: newer, never "fine"."""
+        return Observation(State.STALE, self.generation, self.version)
+
+
+def observe(fence: Fence, *, using: str | None = None) -> Observation:
+    """One read of the record through all rows, classified against the fence."""
+    model = fence.model
     row = (
         rows.plain(model, using or router.db_for_read(model))
-        .filter(pk=pk)
+        .filter(pk=fence.pk)
         .values_list("generation", "version", "deleted_at")
         .first()
     )
     if row is None:
         return Observation(State.MISSING)
     found_generation, found_version, deleted_at = row
-    if generation is not None and found_generation != generation:
+    if found_generation != fence.generation:
         state = State.GENERATION_CHANGED
     elif deleted_at is not None:
         state = State.TOMBSTONE
-    elif version is not None and found_version != version:
+    elif fence.version is not None and found_version != fence.version:
         state = State.STALE
     else:
         state = State.LIVE
@@ -105,9 +140,7 @@ def read_fields(
     return {attnames[a]: v for a, v in row.items()}
 
 
-def conflict_error(
-    model: type[models.Model], pk: Any, generation: int, version: int, seen: Observation
-) -> TombstoneError:
+def conflict_error(fence: Fence, seen: Observation) -> TombstoneError:
     """The typed error for a fenced write that matched 0 rows."""
     kinds: dict[State, type[TombstoneError]] = {
         State.TOMBSTONE: RecordDeleted,
@@ -115,41 +148,23 @@ def conflict_error(
         State.MISSING: RecordMissing,
     }
     return kinds.get(seen.state, StaleVersion)(
-        model=model._meta.label,
-        pk=pk,
-        expected_generation=generation,
+        model=fence.model._meta.label,
+        pk=fence.pk,
+        expected_generation=fence.generation,
         found_generation=seen.generation,
-        expected_version=version,
+        expected_version=fence.version,
         found_version=seen.version,
     )
 
 
-def live_at(
-    model: type[models.Model], pk: Any, generation: int, version: int, *, live: bool = True
-) -> Q:
-    """The fence: the row is pk, at this generation and version, and live.
-
-    ``live=False`` (handlers that propagate deletions) drops the last condition only.
-    """
-    fence = Q(pk=pk, generation=generation, version=version)
-    return fence & Q(deleted_at__isnull=True) if live else fence
-
-
-def update_record(
-    model: type[models.Model],
-    pk: Any,
-    generation: int,
-    version: int,
-    fields: dict[str, Any],
-    *,
-    using: str | None = None,
-) -> int:
+def update_record(fence: Fence, fields: dict[str, Any], *, using: str | None = None) -> int:
     """``filter(pk, generation, version, live).update(..., version + 1)``: 1 or 0 rows."""
+    model, pk = fence.model, fence.pk
     if PROTECTED_FIELDS & set(fields):
         raise ProtectedField(model=model._meta.label, pk=pk)
     refuse_identity(model, fields, pk)
     db = rows.write_db(model, using)
-    plain = _plain_update(model, db, pk, generation, version, fields)
+    plain = _plain_update(fence, db, fields)
     if plain is not None:
         sql, params = plain
         with (
@@ -158,19 +173,12 @@ def update_record(
         ):
             cursor.execute(sql, params)
             return int(cursor.rowcount)
-    fence = live_at(model, pk, generation, version)
-    qs = rows.plain(model, db).filter(fence)
+    qs = fence.rows(db)
     if not model._meta.parents:
         return qs.update(version=F("version") + 1, **fields)
     # A multi-table child: its fields in several tables, the fence in one of them.
     values = rows.update_values(model, {**fields, "version": F("version") + 1})
-    return rows.fenced_update(qs, values, _fence_only(generation, version))
-
-
-def _fence_only(generation: int, version: int, *, live: bool = True) -> dict[str, Any]:
-    """:func:`live_at` without the pk: the lookups on the fence's own fields."""
-    fence: dict[str, Any] = {"generation": generation, "version": version}
-    return {**fence, "deleted_at__isnull": True} if live else fence
+    return rows.fenced_update(qs, values, fence.lookups())
 
 
 # The fenced UPDATE of plain values, by (model, database vendor, fields, which are None): the
@@ -180,14 +188,7 @@ def _fence_only(generation: int, version: int, *, live: bool = True) -> dict[str
 _plain_updates: dict[tuple[Any, ...], tuple[str, list[models.Field[Any, Any]]] | None] = {}
 
 
-def _plain_update(
-    model: type[models.Model],
-    db: str,
-    pk: Any,
-    generation: int,
-    version: int,
-    fields: dict[str, Any],
-) -> tuple[str, list[Any]] | None:
+def _plain_update(fence: Fence, db: str, fields: dict[str, Any]) -> tuple[str, list[Any]] | None:
     """``UPDATE ... SET version = version + 1, <fields> WHERE <fence>`` and its parameters, or
     None when a value or a field needs the ORM."""
     if any(
@@ -195,12 +196,13 @@ def _plain_update(
         for v in fields.values()
     ):
         return None
-    connection = connections[db]
-    key = (model, connection.vendor, tuple(fields), tuple(v is None for v in fields.values()))
+    model, connection = fence.model, connections[db]
+    nulls = tuple(v is None for v in fields.values())
+    key = (model, connection.vendor, tuple(fields), nulls, fence.version is None)
     if key not in _plain_updates:
         if len(_plain_updates) > 512:
             _plain_updates.clear()
-        _plain_updates[key] = _plain_update_sql(model, connection, list(fields), key[3])
+        _plain_updates[key] = _plain_update_sql(fence, connection, list(fields), nulls)
     found = _plain_updates[key]
     if found is None:
         return None
@@ -211,13 +213,15 @@ def _plain_update(
     ]
     pk_field = model._meta.pk
     assert pk_field is not None
-    params += [pk_field.get_db_prep_value(pk, connection, prepared=False), generation, version]
+    fenced = [v for k, v in fence.lookups().items() if k != "deleted_at__isnull"]
+    params += [pk_field.get_db_prep_value(fence.pk, connection, prepared=False), *fenced]
     return sql, params
 
 
 def _plain_update_sql(
-    model: type[models.Model], connection: Any, names: list[str], nulls: tuple[bool, ...]
+    fence: Fence, connection: Any, names: list[str], nulls: tuple[bool, ...]
 ) -> tuple[str, list[models.Field[Any, Any]]] | None:
+    model = fence.model
     meta = model._meta
     if meta.parents or meta.pk is None:
         return None  # multi-table inheritance: the ORM updates each table
@@ -250,26 +254,17 @@ def _plain_update_sql(
         else:
             sets.append(f"{qn(field.column)} = %s")
             targets.append(field)
-    fence = " AND ".join(
-        [
-            f"{qn(meta.pk.column)} = %s",
-            f"{qn(rows.field(model, 'generation').column)} = %s",
-            f"{qn(rows.field(model, 'version').column)} = %s",
-            f"{qn(rows.field(model, 'deleted_at').column)} IS NULL",
-        ]
-    )
-    return f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {fence}", targets
+    # The fence's own lookups, in their order (the parameters follow the same order).
+    where = [f"{qn(meta.pk.column)} = %s"]
+    for lookup in fence.lookups():
+        if lookup == "deleted_at__isnull":
+            where.append(f"{qn(rows.field(model, 'deleted_at').column)} IS NULL")
+        else:
+            where.append(f"{qn(rows.field(model, lookup).column)} = %s")
+    return f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}", targets
 
 
-def hold(
-    model: type[models.Model],
-    pk: Any,
-    generation: int,
-    version: int,
-    *,
-    live: bool = True,
-    using: str | None = None,
-) -> bool | None:
+def share_lock(fence: Fence, *, live: bool = True, using: str | None = None) -> bool | None:
     """PostgreSQL: share-lock the source row if it is at the fence, until the commit.
 
     Right before a write of another table (``ctx.write``): from then on a delete or re-create
@@ -277,34 +272,26 @@ def hold(
     delete committed before makes this False. None where no lock is needed (SQLite: the
     transaction holds the database's write lock already).
     """
-    db = rows.write_db(model, using)
+    db = rows.write_db(fence.model, using)
     connection = connections[db]
     if connection.vendor != "postgresql":
         return None
-    fence = rows.plain(model, db).filter(live_at(model, pk, generation, version, live=live))
-    sql, params = fence.values_list("pk").query.get_compiler(using=db).as_sql()
+    at = fence.rows(db, live=live)
+    sql, params = at.values_list("pk").query.get_compiler(using=db).as_sql()
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} FOR SHARE", params)
         return cursor.fetchone() is not None
 
 
 def write_related(
-    queryset: models.QuerySet[Any],
-    model: type[models.Model],
-    pk: Any,
-    generation: int,
-    version: int,
-    fields: dict[str, Any],
-    *,
-    live: bool = True,
+    queryset: models.QuerySet[Any], fence: Fence, fields: dict[str, Any], *, live: bool = True
 ) -> int:
     """UPDATE rows of another table only while the source record is live at (generation, version).
 
     The Exists() is part of the same statement, so a deletion committed before the write makes it
     match 0 rows. A target that is itself a tombstoned model gets version + 1; its dead rows stay.
     """
-    fence = live_at(model, pk, generation, version, live=live)
-    source = Exists(rows.plain(model, queryset.db).filter(fence))
+    source = Exists(fence.rows(queryset.db, live=live))
     guarded = models.QuerySet.filter(queryset, source)
     target = queryset.model
     extra: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 from ..exceptions import AlreadyLive, MissingFence, ProtectedField, RecordDeleted
 from ..signals import record_tombstoned, records_purged
 from . import rows
-from .fencing import conflict_error, observe
+from .fencing import Fence, conflict_error, observe
 from .fields import FencedFields
 from .options import PROTECTED_FIELDS, erased_value, get_options, refuse_identity
 
@@ -170,16 +170,10 @@ def save(
     )
     values: rows.UpdateValues = [(f, None, f.pre_save(instance, False)) for f in fields]
     values.append((rows.field(model, "version"), None, F("version") + 1))
-    fence = {
-        "generation": instance.generation,
-        "version": instance.version,
-        "deleted_at__isnull": True,
-    }
-    fenced = rows.plain(model, db).filter(pk=instance.pk, **fence)
-    matched = rows.fenced_update(fenced, values, fence)
+    fence = Fence.of(instance)
+    matched = rows.fenced_update(fence.rows(db), values, fence.lookups())
     if matched != 1:
-        seen = observe(model, instance.pk, instance.generation, instance.version, using=db)
-        raise conflict_error(model, instance.pk, instance.generation, instance.version, seen)
+        raise conflict_error(fence, observe(fence, using=db))
     instance.version += 1
     instance._state.db = db
     models.signals.post_save.send(

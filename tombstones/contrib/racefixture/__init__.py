@@ -6,13 +6,13 @@ Each case is an ordered event script over one record ``R`` and jobs ``J``, ``J1`
     delete R     R.delete()                      (a tombstone)
     recreate R   all_objects.recreate(<R's business key>, ...)   (generation + 1)
     update R     all_objects.filter(pk=R).update()   (version + 1)
-    start J      phases.claim + phases.check     (the worker's first two phases)
-    write J      phases.act                      (act and record, in one transaction)
+    start J      steps.claim + steps.check       (the worker's first two phases)
+    write J      steps.act                       (act and record, in one transaction)
     run J        start J + write J
 
 and an expected outcome per job: ``succeeded``, ``reread`` (succeeded after re-reading a newer
 version), or ``<status>:<reason>`` such as ``rejected:source_deleted``. Nothing here re-implements
-the check or the write: :mod:`tombstones.jobs.engine.phases` does both, against the real database,
+the check or the write: :mod:`tombstones.jobs.engine.steps` does both, against the real database,
 and the worker takes exactly this road: the check reads the record without a lock, and the act
 writes against what it read, so a change landing in between is caught by the fenced write itself.
 

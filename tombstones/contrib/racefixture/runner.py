@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import connections, models, transaction
 
-from ...jobs.engine import phases
+from ...jobs.engine import steps
 from ...records.options import PROTECTED_FIELDS, get_options
 from .cases import SEED_CASES, WORKED_EXAMPLE, Case, FixtureError
 from .report import CaseResult, Report
@@ -94,7 +94,7 @@ class RaceFixture:
         identity = {f.name: getattr(record, f.name) for f in model._meta.concrete_fields}
         pk = record.pk
         jobs: dict[str, Any] = {}
-        attempts: dict[str, phases.Attempt | None] = {}
+        attempts: dict[str, steps.Attempt | None] = {}
         db = self.using
         fields = {
             n: v
@@ -117,10 +117,10 @@ class RaceFixture:
                 else:
                     on_second_connection(changes[verb], using=db)
             elif verb in ("start", "run"):
-                attempt = phases.claim(jobs[name].pk, using=self.using)
+                attempt = steps.claim(jobs[name].pk, using=self.using)
                 attempts[name] = attempt
                 if attempt is not None:
-                    phases.check(attempt)
+                    steps.check(attempt)
                 if verb == "run":
                     self._write(attempts, name, result)
             elif verb == "write":
@@ -129,12 +129,12 @@ class RaceFixture:
             result.actual[name] = _label(jobs[name], attempts.get(name))
 
     def _write(
-        self, attempts: dict[str, phases.Attempt | None], name: str, result: CaseResult
+        self, attempts: dict[str, steps.Attempt | None], name: str, result: CaseResult
     ) -> None:
         attempt = attempts.get(name)
         if attempt is None or attempt.done:
             return  # not claimed, or already decided at the check
-        outcome = phases.act(attempt)
+        outcome = steps.act(attempt)
         if outcome is not None:
             result.writes += outcome.writes
 
@@ -170,7 +170,7 @@ def on_second_connection(action: Callable[[], Any], *, using: str | None = None)
 SECOND_CONNECTION_SECONDS = 30
 
 
-def _label(job: Any, attempt: phases.Attempt | None) -> str:
+def _label(job: Any, attempt: steps.Attempt | None) -> str:
     job.refresh_from_db()
     if attempt is None:
         return f"not_claimed:{job.status}"

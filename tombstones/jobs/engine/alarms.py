@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +29,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections
+
+from .. import ledger, wakeups
+from ..cluster import in_cluster_worker
+from ..models import Job
 
 logger = logging.getLogger("tombstones")
 
@@ -44,10 +46,15 @@ AGAIN = timedelta(seconds=1)
 
 
 class Alarms:
-    """Pending ticks of one process, rung in due order by one daemon thread."""
+    """Pending ticks of one process, rung in due order by one daemon thread.
 
-    def __init__(self, ring: Callable[[bool], object]) -> None:
-        self._ring_one = ring  # called with True when the tick before it failed
+    Outside a cluster worker (:func:`in_cluster_worker`) nothing is armed: nothing would keep
+    the process alive for it, and a late wake-up would land in whatever runs next.
+    """
+
+    def __init__(self, ring: Callable[[bool], object] | None = None) -> None:
+        # Called with True when the tick before it failed (tests hand in their own).
+        self._ring_one = ring if ring is not None else self.tick
         self._failed = False
         self.watching: int | None = None  # the due job a tick woke, looked at again
         self._due: list[float] = []
@@ -102,89 +109,42 @@ class Alarms:
             finally:
                 connections.close_all()  # this thread's own connections
 
+    def ring_in(self, delay: timedelta) -> bool:
+        """Tick once ``delay`` has passed (after a retry commits). True if an alarm is set."""
+        if not in_cluster_worker():
+            return False
+        return self.add(delay)
 
-_alarms: dict[int, Alarms] = {}
+    def arm_next(self, using: str | None = None) -> bool:
+        """After a pump found nothing due: tick when the ledger says something becomes due."""
+        if not in_cluster_worker():
+            return False
+        try:
+            wait = Job.objects.using(using).next_due_in()
+        except DatabaseError:
+            return False  # the sweep is the fallback
+        return wait is not None and self.ring_in(wait)
 
+    def tick(self, after_failure: bool = False, using: str | None = None) -> dict[str, Any]:
+        """Take back lapsed leases, wake a pump if anything is due, arm the next moment.
 
-def _process_alarms() -> Alarms:
-    # Keyed by pid: a forked worker does not inherit its parent's thread.
-    pid = os.getpid()
-    found = _alarms.get(pid)
-    if found is None:
-        found = _alarms[pid] = Alarms(tick)
-    return found
-
-
-def _in_cluster_worker() -> bool:
-    """True in a process that django-q2's cluster started, outside sync mode.
-
-    Elsewhere (a test run, a management command driving the phases) nothing keeps the process
-    alive for the alarm, and a late wake-up would land in whatever runs next.
-    """
-    from ..wakeups import runs_in_sync
-
-    return not runs_in_sync() and multiprocessing.parent_process() is not None
-
-
-def ring_in(delay: timedelta) -> bool:
-    """Tick once ``delay`` has passed (after a retry commits). True if an alarm is set."""
-    if not _in_cluster_worker():
-        return False
-    return _process_alarms().add(delay)
-
-
-def arm_next(using: str | None = None) -> bool:
-    """After a pump found nothing due: tick when the ledger says something becomes due."""
-    if not _in_cluster_worker():
-        return False
-    from ..models import Job
-
-    try:
-        wait = Job.objects.using(using).next_due_in()
-    except DatabaseError:
-        return False  # the sweep is the fallback
-    return wait is not None and ring_in(wait)
-
-
-def tick(after_failure: bool = False, using: str | None = None) -> dict[str, Any]:
-    """Take back lapsed leases, wake a pump if anything is due, arm the next moment.
-
-    ``after_failure``: the tick before failed (an outage): what the wake-up gate says may be
-    stale (a pump that held it may have died), so a due job is woken regardless.
-    """
-    from .. import ledger
-    from ..models import Job
-    from ..wakeups import hand_off, wake_soon
-
-    taken = ledger.take_back_lapsed(using)
-    # A hint that came due: a lane to look at (read from the hints' index, not the backlog).
-    head = Job.objects.using(using).hinted().values_list("id", flat=True).first()
-    if head is not None:
-        if after_failure:
-            hand_off(head)
-        else:
-            wake_soon(head)
-    # A job due now is a next moment: look again in a second, as long as the same job still
-    # waits (its wake-up went nowhere); another job at the head means the queue moves.
-    pending = _process_alarms() if _in_cluster_worker() else None
-    if pending is not None:
-        again = head is not None and (after_failure or pending.watching in (None, head))
-        pending.watching = head if again else None
-        if again:
-            ring_in(AGAIN)
-    arm_next(using)
-    return {**taken, "woken": int(head is not None)}
-
-
-def on_worker_start(sender: Any = None, **kwargs: Any) -> None:
-    """django-q2 ``post_spawn`` receiver: a new worker (perhaps replacing a dead one) ticks at
-    once and opens the wake-up gate its predecessor may have held."""
-    if not _in_cluster_worker():
-        return
-    from ..wakeups import open_gate
-
-    try:
-        open_gate()
-    except Exception as exc:  # noqa: BLE001 - the gate expires by itself
-        logger.warning("could not open the wake-up gate at start (%s)", type(exc).__name__)
-    _process_alarms().add(timedelta(0))
+        ``after_failure``: the tick before failed (an outage): what the wake-up gate says may be
+        stale (a pump that held it may have died), so a due job is woken regardless.
+        """
+        taken = ledger.take_back_lapsed(using)
+        # A hint that came due: a lane to look at (read from the hints' index, not the backlog).
+        head = Job.objects.using(using).hinted().values_list("id", flat=True).first()
+        if head is not None:
+            if after_failure:
+                wakeups.hand_off(head)
+            else:
+                wakeups.wake_soon(head)
+        # A job due now is a next moment: look again in a second, as long as the same job still
+        # waits (its wake-up went nowhere); another job at the head means the queue moves.
+        if in_cluster_worker():
+            again = head is not None and (after_failure or self.watching in (None, head))
+            self.watching = head if again else None
+            if again:
+                self.ring_in(AGAIN)
+        self.arm_next(using)
+        return {**taken, "woken": int(head is not None)}

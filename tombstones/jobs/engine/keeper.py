@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
 
 from ...conf import tombstone_settings
-
-if TYPE_CHECKING:
-    from ..ledger import Claim
+from .. import ledger, wakeups
+from ..cluster import in_cluster_worker, runs_in_sync
+from ..ledger import Claim
+from ..models import Job
 
 logger = logging.getLogger("tombstones")
 
@@ -43,7 +42,7 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         # token -> (database alias, renew at, watch at)
-        self._held: dict[str, tuple[str, float, float]] = {}
+        self._kept: dict[str, tuple[str, float, float]] = {}
         self._claims: dict[str, Claim] = {}
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -53,10 +52,11 @@ class LeaseKeeper:
         return tombstone_settings.LEASE.total_seconds() / 3
 
     @contextlib.contextmanager
-    def hold(self, claim: Claim) -> Iterator[None]:
+    def keeping(self, claim: Claim) -> Iterator[None]:
+        """The claim's leases renewed, and the claim watched, until the block ends."""
         now = time.monotonic()
         with self._changed:
-            self._held[claim.token] = (claim.using, now + self._period(), now + WATCH_SECONDS)
+            self._kept[claim.token] = (claim.using, now + self._period(), now + WATCH_SECONDS)
             self._claims[claim.token] = claim
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -68,29 +68,29 @@ class LeaseKeeper:
             yield
         finally:
             with self._changed:
-                self._held.pop(claim.token, None)
+                self._kept.pop(claim.token, None)
                 self._claims.pop(claim.token, None)
 
-    def holding(self) -> int:
+    def kept(self) -> int:
         with self._changed:
-            return len(self._held)
+            return len(self._kept)
 
     def _renew_forever(self) -> None:
         while True:
             with self._changed:
                 now = time.monotonic()
-                renew = {t: db for t, (db, at, _) in self._held.items() if at <= now}
-                watch = {t: db for t, (db, _, at) in self._held.items() if at <= now}
+                renew = {t: db for t, (db, at, _) in self._kept.items() if at <= now}
+                watch = {t: db for t, (db, _, at) in self._kept.items() if at <= now}
                 if not renew and not watch:
-                    moments = [min(a, b) for _, a, b in self._held.values()]
+                    moments = [min(a, b) for _, a, b in self._kept.values()]
                     self._changed.wait(min(moments) - now if moments else None)
                     continue
-                for token, (db, renew_at, watch_at) in list(self._held.items()):
+                for token, (db, renew_at, watch_at) in list(self._kept.items()):
                     if token in renew:
                         renew_at = now + self._period()
                     if token in watch:
                         watch_at = float("inf")  # once per claim
-                    self._held[token] = (db, renew_at, watch_at)
+                    self._kept[token] = (db, renew_at, watch_at)
             if renew:
                 sent = time.monotonic()
                 if self.renew(renew):
@@ -106,23 +106,18 @@ class LeaseKeeper:
             with self._changed:
                 for token, db in watch.items():
                     # A job due too briefly to call help for yet: look again when it is not.
-                    entry, delay = self._held.get(token), again[db]
+                    entry, delay = self._kept.get(token), again[db]
                     if entry is not None and delay is not None:
-                        self._held[token] = (db, entry[1], time.monotonic() + delay)
+                        self._kept[token] = (db, entry[1], time.monotonic() + delay)
 
     @staticmethod
     def give_back(claim: Claim) -> None:
         """A slow claim: the jobs whose turn has not come go to the other workers now."""
-        from ..ledger import give_back
-        from ..wakeups import runs_in_sync
-
         if claim.workers < 2 or runs_in_sync() or connections[claim.using].vendor == "sqlite":
             return  # nobody else could run them sooner
         try:
-            if give_back(claim):
-                from ..wakeups import call_helper
-
-                call_helper()
+            if ledger.give_back(claim):
+                wakeups.call_helper()
         except Exception as exc:  # noqa: BLE001 - they run after the slow job instead
             logger.warning("could not hand over a slow claim's jobs (%s)", type(exc).__name__)
         finally:
@@ -136,19 +131,15 @@ class LeaseKeeper:
         for ``WATCH_SECONDS`` (sooner, this worker's claim may end and take it), a helper is
         called. Returns in how many seconds to look again, or None.
         """
-        from ..models import Job
-        from ..wakeups import call_helper, open_gate
-        from .alarms import _in_cluster_worker
-
-        if not _in_cluster_worker():
+        if not in_cluster_worker():
             return None  # nothing else would run it here (tests, commands driving the phases)
         try:
-            open_gate()
+            wakeups.open_gate()
             oldest = Job.objects.using(db).oldest_hint_wait()
             if oldest is None:
                 return None  # what is enqueued from now on sends its own message
             if oldest.total_seconds() >= WATCH_SECONDS:
-                call_helper()  # a job has been due this long, and this worker is busy
+                wakeups.call_helper()  # a job has been due this long, and this worker is busy
                 return None
             return WATCH_SECONDS - max(oldest.total_seconds(), 0.0)
         except Exception as exc:  # noqa: BLE001 - timers and the sweep remain
@@ -160,14 +151,12 @@ class LeaseKeeper:
     @staticmethod
     def renew(held: dict[str, str]) -> bool:
         """Renew these claims' leases; False if a renewal failed (their deadlines stay)."""
-        from ..ledger import renew
-
         by_db: dict[str, list[str]] = {}
         for token, db in held.items():
             by_db.setdefault(db, []).append(token)
         try:
             for db, tokens in by_db.items():
-                renew(tokens, using=db)
+                ledger.renew(tokens, using=db)
         except DatabaseError as exc:
             # On SQLite the handlers' transaction may hold the write lock past the busy timeout;
             # nobody else can take the lease back meanwhile either. Next period tries again.
@@ -178,18 +167,6 @@ class LeaseKeeper:
         return True
 
 
-_keepers: dict[int, LeaseKeeper] = {}
-
-
-def keeper() -> LeaseKeeper:
-    # Keyed by pid: a forked worker does not inherit its parent's thread.
-    pid = os.getpid()
-    found = _keepers.get(pid)
-    if found is None:
-        found = _keepers[pid] = LeaseKeeper()
-    return found
-
-
 def heartbeat(claim: Claim) -> bool:
     """Renew now, from a handler; False if another worker took the job over.
 
@@ -197,23 +174,21 @@ def heartbeat(claim: Claim) -> bool:
     PostgreSQL it runs on a connection of its own; on SQLite the transaction holds the database's
     write lock, so nobody can take the lease meanwhile and a read says whether it is still ours.
     """
-    from ..ledger import holds_any, renew
-
     conn = connections[claim.using]
     sent = time.monotonic()
     if not conn.in_atomic_block:
-        renew([claim.token], using=claim.using)
+        ledger.renew([claim.token], using=claim.using)
         claim.extend(sent)
-        return holds_any(claim.token, using=claim.using)
+        return ledger.holds_any(claim.token, using=claim.using)
     if conn.vendor == "sqlite":
-        return holds_any(claim.token, using=claim.using)
+        return ledger.holds_any(claim.token, using=claim.using)
     result: list[bool] = []
 
     def side() -> None:
         try:
-            renew([claim.token], using=claim.using)
+            ledger.renew([claim.token], using=claim.using)
             claim.extend(sent)
-            result.append(holds_any(claim.token, using=claim.using))
+            result.append(ledger.holds_any(claim.token, using=claim.using))
         finally:
             connections.close_all()
 

@@ -1,18 +1,21 @@
 """The one road every job takes: claim due lane heads, act on them, record their outcomes.
 
-A wake-up runs :func:`pump`: it claims up to ``TOMBSTONES_BATCH_SIZE`` due lane heads at a time
-(:func:`ledger.claim`), runs them (:func:`run_claim`: internal jobs in groups of one transaction
-each, external jobs one by one), and claims again until nothing is due. A claim's leases are
-kept alive for as long as the worker holds it (:mod:`tombstones.keeper`). Nothing else runs a
-job: a batch of one is the same road with n = 1.
+Each worker process has one :class:`WorkerProcess` (made once per forked worker): its lease
+keeper, its alarms, its pace (whether its last claim ran quickly) and its handlers' times. A
+wake-up runs its :meth:`~WorkerProcess.pump`: it claims up to ``TOMBSTONES_BATCH_SIZE`` due lane
+heads at a time (:func:`ledger.claim`), runs them (:meth:`~WorkerProcess.run_claim`: internal
+jobs in groups of one transaction each, :mod:`.group`; external jobs one by one,
+:mod:`.external`), and claims again until nothing is due. A claim's leases are kept alive for as
+long as the worker holds it (:mod:`.keeper`). Nothing else runs a job: a batch of one is the same
+road with n = 1.
 
 How much one worker takes: all it sees (up to the batch size, and its lanes' next jobs) while its
 handlers are quick (its last claim's jobs took under ``QUICK_JOB_SECONDS`` each: one worker
 running them back to back in one transaction beats several splitting them); otherwise, and at
 first, its share of the due heads (1/workers), and a helper message wakes another worker for the
-rest. A claim still running after
-``phases.GROUP_SECONDS`` gives the jobs it has not started back to the queue for the others, and
-while one handler runs long the lease keeper gives them back at once (:mod:`tombstones.keeper`).
+rest. A claim still running after ``group.GROUP_SECONDS`` gives the jobs it has not started back
+to the queue for the others, and while one handler runs long the lease keeper gives them back at
+once (:mod:`.keeper`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, router
@@ -27,137 +31,157 @@ from django.db import DatabaseError, router
 from ...conf import tombstone_settings
 from ...signals import job_claimed, send_hook
 from .. import ledger, wakeups
+from ..cluster import cluster_workers, in_cluster_worker
 from ..ledger import Claim, Outcome
 from ..models import Job
-from . import alarms, phases
-from .keeper import keeper
+from . import group
+from .alarms import Alarms
+from .attempt import Attempt, Step, error_class, give_back
+from .external import act_external
+from .group import HandlerTimes, act_group
+from .keeper import LeaseKeeper
 
 logger = logging.getLogger("tombstones")
 
 QUICK_JOB_SECONDS = 0.03
 
-# Whether this process's last claim ran quickly (keyed by pid: workers are forked). Only the
-# size of the next claim depends on it, never the road its jobs take.
-_quick: dict[int, bool] = {}
 
+class WorkerProcess:
+    """The engine's state in one worker process, and the pump that runs its jobs.
 
-def cluster_workers() -> int:
-    """Worker processes of the django-q2 cluster this runs in (a claim takes its share)."""
-    from django_q.conf import Conf
-
-    return max(1, int(Conf.WORKERS or 1))
-
-
-def task_seconds() -> float | None:
-    """How long this wake-up may run: half of django-q2's task timeout, if it has one.
-
-    django-q2 kills a task that outlives its timeout, and the job then running would be charged
-    with the crash; a wake-up stops starting jobs at half of it and hands the rest to another
-    message. So a handler must finish within half of the timeout.
+    Made once per process (:func:`current`): a forked worker gets its own, as it does not
+    inherit its parent's threads. What it owns is handed down to what needs it.
     """
-    from django_q.conf import Conf
 
-    timeout = tombstone_settings.Q_OPTIONS.get("timeout", Conf.TIMEOUT)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        return None
-    return float(timeout) / 2
+    def __init__(self) -> None:
+        self.keeper = LeaseKeeper()
+        self.alarms = Alarms()
+        self.handler_times = HandlerTimes()
+        # Whether this process's last claim ran quickly. Only the size of the next claim
+        # depends on it, never the road its jobs take.
+        self.quick: bool | None = None
 
+    def reset_pace(self) -> None:
+        """Forget how its claims and handlers ran (tests start from a fresh process's pace)."""
+        self.quick = None
+        self.handler_times.clear()
 
-def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outcome]:
-    """Run due lane heads until none is left, or the wake budget (jobs, ``seconds``) is spent."""
-    db = using or router.db_for_write(Job)
-    size, budget = tombstone_settings.BATCH_SIZE, tombstone_settings.WAKE_BUDGET
-    deadline = time.monotonic() + seconds if seconds is not None else None
-    outcomes: list[Outcome] = []
-    wakeups.helper_arrived()
-    quick = _quick.get(os.getpid())  # how this process's last claim ran
-    opened = False
-    while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
-        workers = cluster_workers()
-        claim = ledger.claim(
-            min(size, budget - len(outcomes)), workers=workers, whole=bool(quick), using=db
-        )
-        if claim is None:
-            if not opened and wakeups.open_gate():
-                # Nothing due: open the gate, then look once more, so that a job whose enqueue
-                # found the gate armed (it committed before this open) is seen.
-                opened = True
-                continue
-            alarms.arm_next(db)
-            return outcomes
+    def pump(self, using: str | None = None, *, seconds: float | None = None) -> list[Outcome]:
+        """Run due lane heads until none is left, or the wake budget (jobs, ``seconds``) is
+        spent."""
+        db = using or router.db_for_write(Job)
+        size, budget = tombstone_settings.BATCH_SIZE, tombstone_settings.WAKE_BUDGET
+        deadline = time.monotonic() + seconds if seconds is not None else None
+        outcomes: list[Outcome] = []
+        wakeups.helper_arrived()
         opened = False
-        # A full batch: more may be due, for the other workers (one helper message at a time;
-        # none when this worker is the only one).
-        if claim.left and workers > 1:
-            wakeups.call_helper()
-        ran, quick = run_claim(claim, workers=workers, deadline=deadline)
-        _quick[os.getpid()] = quick
-        outcomes += ran
-    # Budget or time spent, perhaps with work left: hand it to another message rather than hog
-    # this worker (a message that finds nothing opens the gate).
-    wakeups.hand_off()
-    return outcomes
+        while len(outcomes) < budget and (deadline is None or time.monotonic() < deadline):
+            workers = cluster_workers()
+            claim = ledger.claim(
+                min(size, budget - len(outcomes)),
+                workers=workers,
+                whole=bool(self.quick),
+                using=db,
+            )
+            if claim is None:
+                if not opened and wakeups.open_gate():
+                    # Nothing due: open the gate, then look once more, so that a job whose
+                    # enqueue found the gate armed (it committed before this open) is seen.
+                    opened = True
+                    continue
+                self.alarms.arm_next(db)
+                return outcomes
+            opened = False
+            # A full batch: more may be due, for the other workers (one helper message at a
+            # time; none when this worker is the only one).
+            if claim.left and workers > 1:
+                wakeups.call_helper()
+            ran, self.quick = self.run_claim(claim, workers=workers, deadline=deadline)
+            outcomes += ran
+        # Budget or time spent, perhaps with work left: hand it to another message rather than
+        # hog this worker (a message that finds nothing opens the gate).
+        wakeups.hand_off()
+        return outcomes
 
+    def run_claim(
+        self, claim: Claim, *, workers: int = 1, deadline: float | None = None
+    ) -> tuple[list[Outcome], bool]:
+        """Run a claim's jobs; returns their recorded outcomes and whether they ran quickly.
 
-def run_claim(
-    claim: Claim, *, workers: int = 1, deadline: float | None = None
-) -> tuple[list[Outcome], bool]:
-    """Run a claim's jobs; returns their recorded outcomes and whether they ran quickly.
+        Any exception outside the handlers' own (which become outcomes) gives the claim's
+        unfinished jobs back: the job whose check or handler was running keeps its attempt (it
+        may have killed the worker), the others get theirs back. A BaseException (SystemExit,
+        KeyboardInterrupt, django-q2's timeout) is re-raised after that; any other is logged
+        and the pump goes on.
+        """
+        attempts = [Attempt(claim, job) for job in claim.jobs]
+        started = time.monotonic()
+        with self.keeper.keeping(claim):
+            try:
+                for attempt in attempts:
+                    send_hook(job_claimed, attempt.job)
+                self._run_queue(claim, attempts, workers, started, deadline)
+            except BaseException as exc:
+                _interrupted(claim, attempts, exc, self.alarms)
+                if not isinstance(exc, Exception):
+                    raise
+            if claim.expired:
+                _give_back_expired(claim, attempts)
+        done = [a.outcome for a in attempts if a.step == Step.DONE and a.outcome is not None]
+        quick = time.monotonic() - started < QUICK_JOB_SECONDS * max(len(done), 1)
+        return done, quick
 
-    Any exception outside the handlers' own (which become outcomes) gives the claim's unfinished
-    jobs back: the job whose check or handler was running keeps its attempt (it may have killed
-    the worker), the others get theirs back. A BaseException (SystemExit, KeyboardInterrupt,
-    django-q2's timeout) is re-raised after that; any other is logged and the pump goes on.
-    """
-    attempts = [phases.Attempt(claim, job) for job in claim.jobs]
-    started = time.monotonic()
-    with keeper().hold(claim):
+    def _run_queue(
+        self,
+        claim: Claim,
+        attempts: list[Attempt],
+        workers: int,
+        started: float,
+        deadline: float | None,
+    ) -> None:
+        queue = sorted(attempts, key=lambda a: a.job.external)  # internal ones first
+        while queue:
+            if queue[0].job.external:
+                act_external(queue[0], alarms=self.alarms)
+                rest = queue[1:]
+            else:
+                internal = [a for a in queue if not a.job.external]
+                rest = act_group(internal, times=self.handler_times, alarms=self.alarms)
+                rest += [a for a in queue if a.job.external]
+            # Lane followers run in their head's group or not at all: what is left of them
+            # goes back, uncharged, to be claimed as the heads they now are.
+            followers = [a for a in rest if a.follower]
+            if followers:
+                give_back(claim, followers)
+                rest = [a for a in rest if not a.follower]
+            now = time.monotonic()
+            slow = workers > 1 and now - started > group.GROUP_SECONDS
+            if rest and (slow or (deadline is not None and now > deadline)):
+                # Slow handlers, or this wake-up's time is up: the jobs not started go back
+                # to the queue, for another worker or another message.
+                give_back(claim, rest)
+                wakeups.call_helper()
+                rest = []
+            queue = rest
+
+    def start(self) -> None:
+        """A new cluster worker (perhaps replacing a dead one): it opens the wake-up gate its
+        predecessor may have held, and ticks at once."""
+        if not in_cluster_worker():
+            return
         try:
-            for attempt in attempts:
-                send_hook(job_claimed, attempt.job)
-            queue = sorted(attempts, key=lambda a: a.job.external)  # internal ones first
-            while queue:
-                if queue[0].job.external:
-                    phases.act_external(queue[0])
-                    rest = queue[1:]
-                else:
-                    group = [a for a in queue if not a.job.external]
-                    rest = phases.act_group(group) + [a for a in queue if a.job.external]
-                # Lane followers run in their head's group or not at all: what is left of them
-                # goes back, uncharged, to be claimed as the heads they now are.
-                followers = [a for a in rest if a.follower]
-                if followers:
-                    ledger.release(claim, [a.job for a in followers])
-                    for attempt in followers:
-                        attempt.lost = True
-                    rest = [a for a in rest if not a.follower]
-                now = time.monotonic()
-                slow = workers > 1 and now - started > phases.GROUP_SECONDS
-                if rest and (slow or (deadline is not None and now > deadline)):
-                    # Slow handlers, or this wake-up's time is up: the jobs not started go back
-                    # to the queue, for another worker or another message.
-                    ledger.release(claim, [a.job for a in rest])
-                    for attempt in rest:
-                        attempt.lost = True
-                    wakeups.call_helper()
-                    rest = []
-                queue = rest
-        except BaseException as exc:
-            _give_back(claim, attempts, exc)
-            if not isinstance(exc, Exception):
-                raise
-        if claim.expired:
-            _give_back_expired(claim, attempts)
-    done = [a.outcome for a in attempts if a.outcome is not None and not a.lost]
-    quick = time.monotonic() - started < QUICK_JOB_SECONDS * max(len(done), 1)
-    return done, quick
+            wakeups.open_gate()
+        except Exception as exc:  # noqa: BLE001 - the gate expires by itself
+            logger.warning("could not open the wake-up gate at start (%s)", type(exc).__name__)
+        self.alarms.add(timedelta(0))
 
 
-def _give_back(claim: Claim, attempts: list[phases.Attempt], exc: BaseException) -> None:
+def _interrupted(claim: Claim, attempts: list[Attempt], exc: BaseException, alarms: Alarms) -> None:
+    """The claim's run was interrupted: its unfinished jobs go back, the busy one charged."""
     unfinished = [a for a in attempts if not a.done]
     busy = [a for a in unfinished if a.busy]
     culprit = busy[0].job if len(busy) == 1 else None
-    error = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    error = error_class(exc)
     logger.error(
         "worker interrupted by %s with %s job(s) in hand; they are given back",
         error,
@@ -173,24 +197,16 @@ def _give_back(claim: Claim, attempts: list[phases.Attempt], exc: BaseException)
     if not unfinished:
         return
     try:
-        ledger.release(
-            claim,
-            [a.job for a in unfinished],
-            culprit=culprit,
-            suspects=culprit is None,
-            error_class=error,
-        )
+        give_back(claim, unfinished, culprit=culprit, suspects=culprit is None, error_class=error)
     except (DatabaseError, LookupError):
         # Left running: their leases run out and the next tick takes them back.
         logger.warning("could not give back %s job(s); their leases will lapse", len(unfinished))
         return
-    for attempt in unfinished:
-        attempt.lost = True
     wakeups.hand_off()
     alarms.arm_next(claim.using)  # the culprit's retry
 
 
-def _give_back_expired(claim: Claim, attempts: list[phases.Attempt]) -> None:
+def _give_back_expired(claim: Claim, attempts: list[Attempt]) -> None:
     """This worker stalled past its lease (renewals failed or came late): the jobs whose turn
     it refused go back, if they are still its own (another worker may have taken them back)."""
     refused = [a.job for a in attempts if a.outcome is None and a.job.pk not in claim.started]
@@ -203,6 +219,37 @@ def _give_back_expired(claim: Claim, attempts: list[phases.Attempt]) -> None:
         ledger.release(claim, refused)
     except DatabaseError:
         logger.warning("could not give back %s job(s); their leases will lapse", len(refused))
+
+
+# The one piece of engine state at module level: this process's WorkerProcess, with the pid it
+# was made in (a forked child makes its own).
+_current: tuple[int, WorkerProcess] | None = None
+
+
+def current() -> WorkerProcess:
+    """This process's :class:`WorkerProcess`, made at its first use."""
+    global _current
+    pid = os.getpid()
+    if _current is None or _current[0] != pid:
+        _current = (pid, WorkerProcess())
+    return _current[1]
+
+
+def pump(using: str | None = None, *, seconds: float | None = None) -> list[Outcome]:
+    """This process's :meth:`WorkerProcess.pump` (what a wake-up runs)."""
+    return current().pump(using, seconds=seconds)
+
+
+def run_claim(
+    claim: Claim, *, workers: int = 1, deadline: float | None = None
+) -> tuple[list[Outcome], bool]:
+    """This process's :meth:`WorkerProcess.run_claim`."""
+    return current().run_claim(claim, workers=workers, deadline=deadline)
+
+
+def on_worker_start(sender: Any = None, **kwargs: Any) -> None:
+    """django-q2 ``post_spawn`` receiver: :meth:`WorkerProcess.start`."""
+    current().start()
 
 
 def result(job_id: Any, outcomes: list[Outcome]) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django_q.models import Schedule
+
 from ...conf import tombstone_settings
 from .. import ledger, queries
 from ..models import Job, JobEvent
@@ -65,8 +67,6 @@ def install_schedule(**kwargs: Any) -> None:
     fires a schedule without a cluster on a cluster of the default name only, so with jobs routed
     to a named cluster and only that one running, the sweep never ran.
     """
-    from django_q.models import Schedule
-
     cluster = tombstone_settings.Q_OPTIONS.get("cluster") or None
     Schedule.objects.update_or_create(
         name="tombstones.sweep",

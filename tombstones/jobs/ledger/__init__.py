@@ -4,7 +4,15 @@ external calls, enqueue's insert, params). A face: callers write ``ledger.claim(
 
 from .claims import Claim, claim, give_back, holds_any, renew, worker_id
 from .insert import insert_job
-from .outcomes import Found, Outcome, event_row, record, record_ref, release, transition
+from .outcomes import (
+    Found,
+    Outcome,
+    event_row,
+    record_ref,
+    release,
+    transition,
+    write_outcomes,
+)
 from .params import erase_params
 from .rescue import take_back_lapsed
 from .sending import clear_sending, mark_sending, mark_sent
@@ -22,11 +30,11 @@ __all__ = [
     "insert_job",
     "mark_sending",
     "mark_sent",
-    "record",
     "record_ref",
     "release",
     "renew",
     "take_back_lapsed",
     "transition",
     "worker_id",
+    "write_outcomes",
 ]

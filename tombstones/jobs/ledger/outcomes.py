@@ -94,7 +94,7 @@ def event_row(
     return row
 
 
-def record(claim: Claim, outcomes: Sequence[Outcome]) -> None:
+def write_outcomes(claim: Claim, outcomes: Sequence[Outcome]) -> None:
     """Record the outcomes of claimed jobs: one UPDATE, one INSERT of their events.
 
     Call it inside the transaction that made the handlers' writes: both commit or neither.

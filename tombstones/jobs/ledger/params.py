@@ -14,6 +14,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from django.db.models import Case, Exists, F, Q, Value, When
 
+from ...records.fencing import Fence
 from ..models import Job, JobEvent
 from ..states import TERMINAL, Event, Status
 
@@ -38,11 +39,9 @@ def params_after(job: Job, status: str, db: str) -> Any:
 def live_record(job: Job, db: str) -> models.QuerySet[Any] | None:
     """The job's record, if it is live at the job's generation (None: not a record model)."""
     model = ContentType.objects.db_manager(db).get_for_id(job.content_type_id).model_class()
-    if model is None or not hasattr(model, "all_objects"):
-        return None
-    return models.QuerySet(model, using=db).filter(
-        pk=job.object_id, generation=job.generation, deleted_at__isnull=True
-    )
+    if model is None or not hasattr(model, "all_objects") or job.generation is None:
+        return None  # no record model, or no fence: nothing is live at it
+    return Fence(model, job.object_id, job.generation).rows(db)
 
 
 def erase_params(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tombstones.jobs.engine import alarms
+from tombstones.jobs.engine import alarms, runner
 
 
 class Rung:
@@ -108,7 +108,10 @@ def test_alarms__not_set_outside_a_cluster_worker(settings: Any) -> None:
     # The test process was not started by a django-q2 cluster: a late wake-up would land in
     # whatever test runs next.
     settings.TOMBSTONES_Q_OPTIONS = {}
-    assert not alarms.ring_in(timedelta(0))
-    assert not alarms.arm_next()
-    alarms.on_worker_start()
-    assert alarms._alarms == {}
+    process = runner.WorkerProcess()
+    assert not process.alarms.ring_in(timedelta(0))
+    assert not process.alarms.arm_next()
+    process.start()
+    assert process.alarms.pending() == 0
+    runner.on_worker_start()
+    assert runner.current().alarms.pending() == 0

@@ -1,4 +1,4 @@
-"""The check's stop conditions (tombstones.jobs.engine.phases; the issue's ``classify``): what a
+"""The check's stop conditions (tombstones.jobs.engine.check; the issue's ``classify``): what a
 claimed job becomes when it must not act, decided before and after its record is read.
 
 No database: the jobs are unsaved, the claim carries its own clock, and the records are stand-ins
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tombstones.jobs import registry
-from tombstones.jobs.engine import phases
+from tombstones.jobs.engine import check
+from tombstones.jobs.engine.attempt import Attempt
 from tombstones.jobs.ledger import Claim, Outcome
 from tombstones.jobs.models import Job, JobEvent
 
@@ -64,7 +65,7 @@ def _attempt(
     version: int | None = 5,
     age: timedelta = timedelta(seconds=30),
     too_old: bool = False,
-) -> phases.Attempt:
+) -> Attempt:
     job = Job(
         pk=7,
         handler=handler,
@@ -79,11 +80,11 @@ def _attempt(
     if too_old:
         job.too_old = True  # type: ignore[attr-defined]  # annotated by the claim's query
     claim = Claim(token="t", worker="w", using="default", jobs=[job], clock=(NOW, time.monotonic()))
-    return phases.Attempt(claim, job)
+    return Attempt(claim, job)
 
 
-def _stop(attempt: phases.Attempt) -> Outcome:
-    phases.check_all([attempt])
+def _stop(attempt: Attempt) -> Outcome:
+    check.check_all([attempt])
     assert attempt.checked
     assert not attempt.busy
     assert attempt.stop is not None
@@ -154,10 +155,10 @@ def test_check__a_stop_carries_the_claimed_event_with_it() -> None:
 
 def test_against__a_missing_record_escalates() -> None:
     attempt = _attempt()
-    assert phases._before_reading(attempt) is None
+    assert check.before_reading(attempt) is None
     assert attempt.handler is not None
     assert attempt.handler.name == KNOWN
-    stop = phases.against(attempt, None)
+    stop = check.against(attempt, None)
     assert stop is not None
     assert (stop.status, stop.reason, stop.found, stop.erase_params) == (
         Status.ESCALATED,
@@ -174,8 +175,8 @@ def test_against__another_generation_rejects_even_a_handler_of_tombstones() -> N
         (ACCEPTS, Row(generation=3, version=1, deleted_at=NOW)),
     ):
         attempt = _attempt(handler)
-        assert phases._before_reading(attempt) is None
-        stop = phases.against(attempt, row)
+        assert check.before_reading(attempt) is None
+        stop = check.against(attempt, row)
         assert stop is not None
         assert (stop.status, stop.reason, stop.found, stop.erase_params) == (
             Status.REJECTED,
@@ -187,8 +188,8 @@ def test_against__another_generation_rejects_even_a_handler_of_tombstones() -> N
 
 def test_against__a_tombstone_of_its_generation_rejects_unless_the_handler_accepts_it() -> None:
     attempt = _attempt(KNOWN)
-    phases._before_reading(attempt)
-    stop = phases.against(attempt, Row(generation=2, version=6, deleted_at=NOW))
+    check.before_reading(attempt)
+    stop = check.against(attempt, Row(generation=2, version=6, deleted_at=NOW))
     assert stop is not None
     assert (stop.status, stop.reason, stop.found) == (
         Status.REJECTED,
@@ -196,13 +197,13 @@ def test_against__a_tombstone_of_its_generation_rejects_unless_the_handler_accep
         (2, 6),
     )
     accepting = _attempt(ACCEPTS)
-    phases._before_reading(accepting)
-    assert phases.against(accepting, Row(generation=2, version=6, deleted_at=NOW)) is None
+    check.before_reading(accepting)
+    assert check.against(accepting, Row(generation=2, version=6, deleted_at=NOW)) is None
 
 
 def test_against__a_live_record_of_its_generation_acts_whatever_its_version() -> None:
     """A newer version is no stop: the fence at the write decides (it re-reads)."""
     for version in (5, 6, 40):
         attempt = _attempt()
-        phases._before_reading(attempt)
-        assert phases.against(attempt, Row(generation=2, version=version)) is None
+        check.before_reading(attempt)
+        assert check.against(attempt, Row(generation=2, version=version)) is None

@@ -126,10 +126,10 @@ def _run(keeper: LeaseKeeper) -> None:
 
 
 class Held:
-    """One claim's ``keeper.hold()``, entered and left at moments of the story."""
+    """One claim's ``keeper.keeping()``, entered and left at moments of the story."""
 
     def __init__(self, keeper: LeaseKeeper, claim: FakeClaim) -> None:
-        self.context = keeper.hold(claim)  # type: ignore[arg-type]
+        self.context = keeper.keeping(claim)  # type: ignore[arg-type]
 
     def take(self) -> None:
         self.context.__enter__()
@@ -142,11 +142,11 @@ def test_keeper__renews_every_third_of_a_lease_while_the_claim_is_held(
     monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
     keeper, _, seen = _keeper(monkeypatch, clock, until=35)
-    with keeper.hold(FakeClaim("a")):  # type: ignore[arg-type]
-        assert keeper.holding() == 1
+    with keeper.keeping(FakeClaim("a")):  # type: ignore[arg-type]
+        assert keeper.kept() == 1
         _run(keeper)
     assert seen.renewed == [(10.0, ["a"]), (20.0, ["a"]), (30.0, ["a"])]
-    assert keeper.holding() == 0
+    assert keeper.kept() == 0
 
 
 def test_keeper__a_claim_that_ends_within_a_third_costs_no_renewal_and_no_watch(
@@ -157,7 +157,7 @@ def test_keeper__a_claim_that_ends_within_a_third_costs_no_renewal_and_no_watch(
     held.take()
     story.at(WATCH_SECONDS / 2, held.end)
     _run(keeper)
-    assert keeper.holding() == 0
+    assert keeper.kept() == 0
     assert seen.renewed == []
     assert seen.given_back == []
     assert seen.helped == []
@@ -169,7 +169,7 @@ def test_keeper__a_claim_held_past_the_watch_is_handed_over_once(
     monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
     keeper, _, seen = _keeper(monkeypatch, clock, until=25)
-    with keeper.hold(FakeClaim("a", using="other")):  # type: ignore[arg-type]
+    with keeper.keeping(FakeClaim("a", using="other")):  # type: ignore[arg-type]
         _run(keeper)
     assert seen.given_back == [(WATCH_SECONDS, "a")]
     assert seen.helped == [(WATCH_SECONDS, "other")]
@@ -181,7 +181,7 @@ def test_keeper__a_job_due_too_briefly_is_looked_at_again_when_it_is_not(
 ) -> None:
     keeper, _, seen = _keeper(monkeypatch, clock, until=5)
     seen.help_again = [0.3]  # call_help: a job has been due 0.2 s, look again in 0.3 s
-    with keeper.hold(FakeClaim("a")):  # type: ignore[arg-type]
+    with keeper.keeping(FakeClaim("a")):  # type: ignore[arg-type]
         _run(keeper)
     assert [t for t, _ in seen.helped] == [WATCH_SECONDS, WATCH_SECONDS + 0.3]
     assert [t for t, _ in seen.given_back] == [WATCH_SECONDS, WATCH_SECONDS + 0.3]
@@ -196,7 +196,7 @@ def test_keeper__each_claim_keeps_its_own_schedule(
     story.at(4, second.take)
     story.at(22, first.end)
     _run(keeper)
-    assert keeper.holding() == 1
+    assert keeper.kept() == 1
     assert seen.renewed == [(10.0, ["a"]), (14.0, ["b"]), (20.0, ["a"]), (24.0, ["b"])]
     assert seen.given_back == [(WATCH_SECONDS, "a"), (4 + WATCH_SECONDS, "b")]
 
@@ -206,6 +206,6 @@ def test_keeper__the_period_follows_the_lease_setting(
 ) -> None:
     settings.TOMBSTONES_LEASE = timedelta(seconds=3)
     keeper, _, seen = _keeper(monkeypatch, clock, until=3.5)
-    with keeper.hold(FakeClaim("a")):  # type: ignore[arg-type]
+    with keeper.keeping(FakeClaim("a")):  # type: ignore[arg-type]
         _run(keeper)
     assert [t for t, _ in seen.renewed] == [1.0, 2.0, 3.0]

@@ -38,7 +38,7 @@ from tests.jobkit import events, make_due, run, temp_handler
 from tombstones import signals
 from tombstones.admin.dashboard import why_waiting
 from tombstones.jobs import ledger, staff_actions, wakeups
-from tombstones.jobs.engine import alarms, phases, runner
+from tombstones.jobs.engine import alarms, check, runner
 from tombstones.jobs.engine.sweep import sweep
 from tombstones.models import Job
 
@@ -197,7 +197,7 @@ def test_paused__counts_against_the_attempts_cap(
     def unreadable(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("the table is locked")
 
-    monkeypatch.setattr(phases, "read_records", unreadable)
+    monkeypatch.setattr(check, "read_records", unreadable)
     job = tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
     seen = []
     for _ in range(6):
@@ -252,19 +252,20 @@ def test_hooks__a_raising_receiver_is_logged_and_the_job_runs(
 
 
 @pytest.fixture
-def timer_ticks(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+def timer_ticks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """A worker process's timers (as in a cluster worker), with the alarms they arm and the
     wake-ups they send recorded; the wake-ups go nowhere (a lost message, a stale gate)."""
-    seen: dict[str, list[Any]] = {"armed": [], "woken": []}
-    monkeypatch.setattr(alarms, "_in_cluster_worker", lambda: True)
-    monkeypatch.setattr(alarms, "_alarms", {})
-    monkeypatch.setattr(alarms, "ring_in", lambda delay: seen["armed"].append(delay) or True)
+    seen: dict[str, Any] = {"armed": [], "woken": [], "alarms": alarms.Alarms()}
+    monkeypatch.setattr(alarms, "in_cluster_worker", lambda: True)
+    monkeypatch.setattr(
+        seen["alarms"], "ring_in", lambda delay: seen["armed"].append(delay) or True
+    )
     monkeypatch.setattr(wakeups, "wake_soon", lambda job_id=None: seen["woken"].append(job_id))
     return seen
 
 
 def test_timers__a_tick_that_woke_a_due_job_looks_again_while_it_waits(
-    queued: None, timer_ticks: dict[str, list[Any]]
+    queued: None, timer_ticks: dict[str, Any]
 ) -> None:
     """A due job whose wake-up went nowhere was no next moment: no alarm, the sweep's to find
     (34 s after an outage). The tick now looks again a second later, for as long as that job
@@ -272,19 +273,19 @@ def test_timers__a_tick_that_woke_a_due_job_looks_again_while_it_waits(
     first = tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
     second = tombstones.enqueue("customers.update_sheet_row", CustomerFactory())
     for _ in range(3):  # its wake-ups go nowhere: looked at again each time
-        assert alarms.tick()["woken"] == 1
+        assert timer_ticks["alarms"].tick()["woken"] == 1
         assert timer_ticks["armed"].count(alarms.AGAIN) == _ + 1
     assert timer_ticks["woken"][-3:] == [first.pk] * 3
     # The first job ran (the queue moved): the next tick wakes the second, without a re-look.
     # (As a claim leaves it: the hint it came with cleared by the claim that took it.)
     Job.objects.filter(pk=first.pk).update(status=Status.SUCCEEDED, ready_at=None)
     armed = len(timer_ticks["armed"])
-    alarms.tick()
+    timer_ticks["alarms"].tick()
     assert timer_ticks["woken"][-1] == second.pk
     assert alarms.AGAIN not in timer_ticks["armed"][armed:]
     Job.objects.filter(pk=second.pk).update(status=Status.SUCCEEDED, ready_at=None)
     armed = len(timer_ticks["armed"])
-    assert alarms.tick()["woken"] == 0
+    assert timer_ticks["alarms"].tick()["woken"] == 0
     assert timer_ticks["armed"][armed:] == []  # nothing due, nothing waits: no alarm
 
 

@@ -1,4 +1,4 @@
-"""How long one wake-up may run (tombstones.jobs.engine.runner.task_seconds): half of django-q2's
+"""How long one wake-up may run (tombstones.jobs.cluster.task_seconds): half of django-q2's
 task timeout, so that django-q2 never kills a wake-up in the middle of a job."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django_q.conf import Conf
 
-from tombstones.jobs.engine.runner import task_seconds
+from tombstones.jobs.cluster import task_seconds
 
 
 def test_task_seconds__half_of_the_timeout_in_the_q_options(settings: Any) -> None:

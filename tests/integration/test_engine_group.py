@@ -9,7 +9,7 @@ never what a job sees or what it can break.
 - every event is stamped when it happened, and a claim leaves its ``claimed`` event at once.
 
 The PostgreSQL side (no lock at the check, the fence at the write, staff and web requests that
-never wait for a handler) is in ``test_batch_locks.py``; the real cluster in
+never wait for a handler) is in ``test_engine_group_locks.py``; the real cluster in
 ``tests/acceptance/test_batch_cluster.py``.
 """
 
@@ -45,10 +45,10 @@ def queued(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Jobs wait in the ORM broker: nothing runs until the test claims them. A claim's jobs run
     in one group however slow the machine is (a group closes after GROUP_SECONDS, and the jobs
     it did not start go back: on a loaded machine a test's claim ran in two groups)."""
-    from tombstones.jobs.engine import phases
+    from tombstones.jobs.engine import group
 
     settings.TOMBSTONES_Q_OPTIONS = {}
-    monkeypatch.setattr(phases, "GROUP_SECONDS", 30.0)
+    monkeypatch.setattr(group, "GROUP_SECONDS", 30.0)
 
 
 def _claim_whole() -> ledger.Claim:
