@@ -87,7 +87,7 @@ def test_pick__a_full_batch_leaves_the_other_lanes_hints_for_the_next_claim() ->
     picked = pick(lanes, fronts, found, size=2, whole=False)
     assert [f.id for f in picked.heads] == [1, 2]
     assert picked.clear == []
-    assert picked.left == 1
+    assert picked.unclaimed == 1
 
 
 def test_pick__a_suspect_head_is_taken_alone_or_left_for_the_next_claim() -> None:

@@ -94,7 +94,7 @@ class WorkerProcess:
             opened = False
             # A full batch: more may be due, for the other workers (one helper message at a
             # time; none when this worker is the only one).
-            if claim.left and workers > 1:
+            if claim.unclaimed and workers > 1:
                 wakeups.call_helper()
             ran, self.quick = self.run_claim(claim, workers=workers, deadline=deadline)
             outcomes += ran

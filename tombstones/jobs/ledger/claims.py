@@ -51,7 +51,7 @@ class Claim:
     worker: str
     using: str
     jobs: Sequence[Job]
-    left: int = 0  # due lane heads seen and not taken (for the other workers)
+    unclaimed: int = 0  # due lane heads seen and not taken (for the other workers)
     workers: int = 1  # worker processes of the cluster, as the claim saw them
     # The database's clock at the claim's look, and this process's monotonic clock then: events
     # are stamped in database time at the step they record, without asking the database again.
@@ -159,7 +159,7 @@ def claim(
         except IntegrityError:
             # The unique running-lane index refused a second running job of a lane (a lane
             # without a row of its own, read by two claims at once): nothing was taken.
-            return Claim(token, wid, db, [], left=1, workers=workers)
+            return Claim(token, wid, db, [], unclaimed=1, workers=workers)
         if taken or not more or not picked.clear:
             break
         # Every lane looked at was held: the hints behind them may name free ones.
@@ -178,9 +178,9 @@ def claim(
     claimed = Claim(token, wid, db, taken, workers=workers, clock=clock)
     claimed.deadline = sent + lease_margin()
     if seen is not None:
-        claimed.left = max(0, seen - len(found))
+        claimed.unclaimed = max(0, seen - len(found))
     else:  # a full batch: more may be due, for the other workers (a hint, not a count)
-        claimed.left = len(found) if len(found) >= size or picked.left else 0
+        claimed.unclaimed = len(found) if len(found) >= size or picked.unclaimed else 0
     return claimed
 
 

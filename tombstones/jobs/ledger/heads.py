@@ -98,7 +98,7 @@ class Picked:
     clear: list[Hint] = field(default_factory=list)  # looked at: cleared
     rearm: list[int] = field(default_factory=list)  # first in line, not due: hint at its time
     guard: list[str] = field(default_factory=list)  # a delayed head: take its lane's row first
-    left: int = 0  # lanes with a head this claim leaves to the next (full, or kept alone)
+    unclaimed: int = 0  # lanes with a head this claim leaves to the next (full, or kept alone)
 
     @property
     def ids(self) -> list[int]:
@@ -153,7 +153,7 @@ def pick(
             out.guard.append(lane)
             continue
         if len(out.heads) >= size or (first.suspect and out.heads):
-            out.left += 1
+            out.unclaimed += 1
             continue
         out.heads.append(first)
         out.clear += lane_hints
