@@ -98,7 +98,7 @@ def test_pick__a_suspect_head_is_taken_alone_or_left_for_the_next_claim() -> Non
     assert alone.clear == []  # B's hint stays
     later = pick(["B", "A"], fronts, found, size=5, whole=True)
     assert [f.id for f in later.heads] == [2]
-    assert later.left == 1  # A, for a claim of its own
+    assert later.unclaimed == 1  # A, for a claim of its own
 
 
 def test_pick__a_head_the_claim_could_not_lock_keeps_its_hints_and_its_lane() -> None:

@@ -42,78 +42,84 @@ def check_tombstone_meta(app_configs: Any = None, **kwargs: Any) -> list[checks.
     errors: list[checks.CheckMessage] = []
     for model in _tombstone_models(app_configs):
         opts = get_options(model)
-        label = model._meta.label
-        key = opts.business_key
-        if key is not None:
-            try:
-                field = model._meta.get_field(key)
-                if not getattr(field, "concrete", False):  # a reverse relation, a generic FK
-                    raise FieldDoesNotExist(key)
-            except FieldDoesNotExist:
-                errors.append(
-                    checks.Error(
-                        f"TombstoneMeta.business_key names {key!r}, which is not a concrete "
-                        f"field of {label}.",
-                        obj=model,
-                        id="tombstones.E001",
-                    )
-                )
-            else:
-                if not _is_unique(model, field):  # type: ignore[arg-type]
-                    errors.append(
-                        checks.Error(
-                            f"The business key {label}.{key} is not unique.",
-                            hint="Add unique=True: a key must name one row, live or tombstone.",
-                            obj=model,
-                            id="tombstones.E002",
-                        )
-                    )
-                if key in opts.personal_fields:
-                    errors.append(
-                        checks.Error(
-                            f"{label}.{key} is both the business key and a personal field.",
-                            hint="A tombstone keeps its business key; erase another field.",
-                            obj=model,
-                            id="tombstones.E004",
-                        )
-                    )
+        if opts.business_key is not None:
+            errors += _business_key_errors(model, opts.business_key, opts.personal_fields)
         for name in opts.personal_fields:
-            try:
-                pfield = model._meta.get_field(name)
-            except FieldDoesNotExist:
-                errors.append(
-                    checks.Error(
-                        f"TombstoneMeta.personal_fields names {name!r}, which is not a field of "
-                        f"{label}.",
-                        obj=model,
-                        id="tombstones.E001",
-                    )
-                )
-                continue
-            if (
-                not isinstance(pfield, models.Field)
-                or not is_erasable(pfield)
-                or pfield.primary_key
-            ):
-                errors.append(
-                    checks.Error(
-                        f"The personal field {label}.{name} cannot be erased.",
-                        hint="Personal fields must be text fields or nullable.",
-                        obj=model,
-                        id="tombstones.E003",
-                    )
-                )
-            elif pfield.unique and not pfield.null:
-                errors.append(
-                    checks.Error(
-                        f"The personal field {label}.{name} is unique but not nullable: two "
-                        "tombstones would both hold ''.",
-                        hint="Make it null=True so tombstones store NULL.",
-                        obj=model,
-                        id="tombstones.E005",
-                    )
-                )
+            errors += _personal_field_errors(model, name)
     return errors
+
+
+def _business_key_errors(
+    model: type[models.Model], key: str, personal: Any
+) -> list[checks.CheckMessage]:
+    label = model._meta.label
+    try:
+        field = model._meta.get_field(key)
+        if not getattr(field, "concrete", False):  # a reverse relation, a generic FK
+            raise FieldDoesNotExist(key)
+    except FieldDoesNotExist:
+        return [
+            checks.Error(
+                f"TombstoneMeta.business_key names {key!r}, which is not a concrete "
+                f"field of {label}.",
+                obj=model,
+                id="tombstones.E001",
+            )
+        ]
+    errors: list[checks.CheckMessage] = []
+    if not _is_unique(model, field):  # type: ignore[arg-type]
+        errors.append(
+            checks.Error(
+                f"The business key {label}.{key} is not unique.",
+                hint="Add unique=True: a key must name one row, live or tombstone.",
+                obj=model,
+                id="tombstones.E002",
+            )
+        )
+    if key in personal:
+        errors.append(
+            checks.Error(
+                f"{label}.{key} is both the business key and a personal field.",
+                hint="A tombstone keeps its business key; erase another field.",
+                obj=model,
+                id="tombstones.E004",
+            )
+        )
+    return errors
+
+
+def _personal_field_errors(model: type[models.Model], name: str) -> list[checks.CheckMessage]:
+    label = model._meta.label
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return [
+            checks.Error(
+                f"TombstoneMeta.personal_fields names {name!r}, which is not a field of {label}.",
+                obj=model,
+                id="tombstones.E001",
+            )
+        ]
+    if not isinstance(field, models.Field) or not is_erasable(field) or field.primary_key:
+        return [
+            checks.Error(
+                f"The personal field {label}.{name} cannot be erased.",
+                hint="Personal fields must be text fields or nullable.",
+                obj=model,
+                id="tombstones.E003",
+            )
+        ]
+    if field.unique and not field.null:
+        return [
+            checks.Error(
+                f"The personal field {label}.{name} is unique but not nullable: two "
+                "tombstones would both hold ''.",
+                hint="Make it null=True so tombstones store NULL.",
+                obj=model,
+                id="tombstones.E005",
+            )
+        ]
+    return []
 
 
 def register() -> None:
