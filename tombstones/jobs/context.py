@@ -99,7 +99,7 @@ class HandlerContext:
     def heartbeat(self) -> bool:
         """Renew the lease now; False if another worker took the job over.
 
-        The worker renews its leases by itself while it holds them (:mod:`tombstones.keeper`):
+        The worker renews its leases by itself while it holds them (:mod:`.engine.keeper`):
         call this to learn, in a long handler, whether the job is still yours.
         """
         return self._heartbeat()

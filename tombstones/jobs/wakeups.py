@@ -9,9 +9,9 @@ no pump is certain to look after the job committed:
   once more before it stops. An enqueue that finds the gate armed committed before that last
   look, so the job is seen. While a pump runs, enqueues send nothing: one worker drains what
   its quick handlers can; a claim that runs long opens the gate and calls a helper for whatever
-  is due meanwhile (:mod:`tombstones.keeper`). The gate expires (``GATE_TTL``): a message lost or
-  a pump killed holding it costs at most that long, and a replacement worker opens it at its
-  start (:mod:`tombstones.alarms`);
+  is due meanwhile (:mod:`tombstones.jobs.engine.keeper`). The gate expires (``GATE_TTL``): a
+  message lost or a pump killed holding it costs at most that long, and a replacement worker
+  opens it at its start (:mod:`tombstones.jobs.engine.alarms`);
 - with any other broker (the ORM broker polls), one of our messages still waiting in the queue:
   its pump will look after the job committed. Other tasks sharing the queue do not count.
 
