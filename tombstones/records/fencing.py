@@ -64,21 +64,25 @@ class Fence:
         """A record instance's own fence: its generation and version as read."""
         return cls(type(record), record.pk, record.generation, record.version)
 
+    def values(self) -> dict[str, int]:
+        """The fence's fields compared by value: its generation, and its version if it has one."""
+        if self.version is None:
+            return {"generation": self.generation}
+        return {"generation": self.generation, "version": self.version}
+
     def lookups(self, *, live: bool = True) -> dict[str, Any]:
         """The fence's conditions on its own fields (without the pk).
 
         ``live=False`` (handlers that propagate deletions) drops "not deleted" only."""
-        fence: dict[str, Any] = {"generation": self.generation}
-        if self.version is not None:
-            fence["version"] = self.version
-        return {**fence, "deleted_at__isnull": True} if live else fence
+        return {**self.values(), "deleted_at__isnull": True} if live else self.values()
 
     def q(self, *, live: bool = True) -> Q:
         """The fence as a filter: the row is pk, at the fence, and (``live``) not deleted."""
         return Q(pk=self.pk, **self.lookups(live=live))
 
     def rows(self, using: str | None, *, live: bool = True) -> models.QuerySet[Any]:
-        """The record's row while it is at the fence (none otherwise), tombstones included."""
+        """The record's row while it is at the fence (none otherwise), read through all rows
+        (a plain QuerySet: with ``live=False`` a tombstone at the fence is found too)."""
         return rows.plain(self.model, using).filter(self.q(live=live))
 
     def stale(self) -> Observation:
@@ -213,8 +217,8 @@ def _plain_update(fence: Fence, db: str, fields: dict[str, Any]) -> tuple[str, l
     ]
     pk_field = model._meta.pk
     assert pk_field is not None
-    fenced = [v for k, v in fence.lookups().items() if k != "deleted_at__isnull"]
-    params += [pk_field.get_db_prep_value(fence.pk, connection, prepared=False), *fenced]
+    pk = pk_field.get_db_prep_value(fence.pk, connection, prepared=False)
+    params += [pk, *fence.values().values()]
     return sql, params
 
 
@@ -254,13 +258,11 @@ def _plain_update_sql(
         else:
             sets.append(f"{qn(field.column)} = %s")
             targets.append(field)
-    # The fence's own lookups, in their order (the parameters follow the same order).
+    # The fence's fields by value, in their order (the parameters follow the same order), and
+    # not deleted: Fence.lookups() as SQL.
     where = [f"{qn(meta.pk.column)} = %s"]
-    for lookup in fence.lookups():
-        if lookup == "deleted_at__isnull":
-            where.append(f"{qn(rows.field(model, 'deleted_at').column)} IS NULL")
-        else:
-            where.append(f"{qn(rows.field(model, lookup).column)} = %s")
+    where += [f"{qn(rows.field(model, name).column)} = %s" for name in fence.values()]
+    where.append(f"{qn(rows.field(model, 'deleted_at').column)} IS NULL")
     return f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}", targets
 
 

@@ -4,6 +4,7 @@ is saved alone or it goes back to the queue."""
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,9 +13,11 @@ from django.db import transaction
 
 from ...exceptions import LeaseLost
 from .. import ledger
+from ..context import HandlerContext
 from ..ledger import Claim, Outcome
 from ..models import Job, JobEvent
 from ..registry import Handler
+from . import keeper
 from .alarms import Alarms
 
 logger = logging.getLogger("tombstones")
@@ -90,6 +93,12 @@ class Attempt:
         """A pending event, stamped now (the database's clock, as the claim read it)."""
         at = self.claim.db_now()
         self.events.append(ledger.event_row(self.job, event, reason, found, self.claim.worker, at))
+
+    def context(self, record: Any) -> HandlerContext:
+        """What its handler receives: ``record``, and a heartbeat for the claim's lease."""
+        return HandlerContext(
+            self.job, record, heartbeat=functools.partial(keeper.heartbeat, self.claim)
+        )
 
     def recorded(self, outcome: Outcome) -> None:
         """Its outcome committed."""

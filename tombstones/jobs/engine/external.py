@@ -7,7 +7,6 @@ never repeated by itself.
 
 from __future__ import annotations
 
-import functools
 from typing import cast
 
 from django.db.models import Exists, Q
@@ -17,11 +16,9 @@ from ...records import fencing
 from ...records.fencing import Fence, Observation, State
 from ...signals import job_checked, send_hook
 from .. import ledger
-from ..context import HandlerContext
 from ..ledger import Outcome
 from ..models import Job
 from ..registry import Handler, registered
-from . import keeper
 from .alarms import Alarms
 from .attempt import Attempt, Reason, Status, Step, error_class, record_alone
 from .check import check_all
@@ -49,7 +46,7 @@ def act_external(attempt: Attempt, *, alarms: Alarms) -> Outcome | None:
             return None
         return record_alone(attempt, rejection(attempt, seen), alarms)
     attempt.events = []
-    ctx = HandlerContext(job, record, heartbeat=functools.partial(keeper.heartbeat, claim))
+    ctx = attempt.context(record)
     try:
         send_hook(job_checked, job)
         handler.func(ctx)

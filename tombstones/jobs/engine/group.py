@@ -13,7 +13,6 @@ with one UPDATE before it commits.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from ..context import HandlerContext
 from ..ledger import Claim, Outcome
 from ..models import Job
 from ..registry import Handler
-from . import check, keeper
+from . import check
 from .alarms import Alarms
 from .attempt import (
     Attempt,
@@ -266,11 +265,7 @@ def _handle(
         if stop is not None:
             return stop
     send_hook(job_checked, attempt.job)
-    ctx = HandlerContext(
-        attempt.job,
-        copy.copy(attempt.record),
-        heartbeat=functools.partial(keeper.heartbeat, attempt.claim),
-    )
+    ctx = attempt.context(copy.copy(attempt.record))
     cast(Handler, attempt.handler).func(ctx)
     if aborted(db) or transaction.get_rollback(using=db):
         savepoint.discard()

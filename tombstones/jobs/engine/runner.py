@@ -209,14 +209,14 @@ def _interrupted(claim: Claim, attempts: list[Attempt], exc: BaseException, alar
 def _give_back_expired(claim: Claim, attempts: list[Attempt]) -> None:
     """This worker stalled past its lease (renewals failed or came late): the jobs whose turn
     it refused go back, if they are still its own (another worker may have taken them back)."""
-    refused = [a.job for a in attempts if a.outcome is None and a.job.pk not in claim.started]
+    refused = [a for a in attempts if a.outcome is None and a.job.pk not in claim.started]
     logger.warning(
         "claim past its lease: %s job(s) not started are given back",
         len(refused),
-        extra={"tombstones": {"job_ids": [job.pk for job in refused]}},
+        extra={"tombstones": {"job_ids": [a.job.pk for a in refused]}},
     )
     try:
-        ledger.release(claim, refused)
+        give_back(claim, refused)
     except DatabaseError:
         logger.warning("could not give back %s job(s); their leases will lapse", len(refused))
 
