@@ -110,6 +110,8 @@ clean:
 # --- benchmark (bench/README.md) -------------------------------------------------------------
 #   make bench                                  the full matrix (PostgreSQL+Redis, SQLite+ORM)
 #   make bench BENCH_ARGS="--db sqlite --jobs 500 --reps 1"
+#   make bench BENCH_ARGS="--db postgres --backlog --jobs 2000 --workers 2 --reps 1 --pgbench no \
+#     --mix many --variants ordered,tasks,tasks-db,baseline-fast"   Django's tasks: ours, tasks-db
 #   make bench-blocked                          a due job behind 100/1,000/10,000 blocked lanes
 #   make bench-blocked BLOCKED_ARGS="--db sqlite --lanes 100,1000 --kind retry"
 
@@ -118,7 +120,7 @@ BLOCKED_ARGS ?=
 
 .PHONY: bench bench-blocked
 bench: $(STAMP)
-	@$(VPY) -c 'import psutil' 2>/dev/null || $(VPY) -m pip install --quiet psutil
+	@$(VPY) -c 'import psutil, django_tasks_db' 2>/dev/null || $(VPY) -m pip install --quiet -e ".[bench]"
 	$(VPY) bench/run.py --json bench/results/bench.json $(BENCH_ARGS)
 
 # Starvation and the claim's cost behind blocked lanes (issue 32), ~7 minutes.

@@ -14,6 +14,16 @@ Variants, each on the same database, broker, worker count and job list:
 - ``unordered``: ``tombstones.enqueue("bench.touch", record, ordering_key=<unique>)``;
 - ``ordered``: ``tombstones.enqueue("bench.touch", record)`` (the record's lane).
 
+Opt-in (``--variants ordered,tasks,tasks-db,baseline-fast``): Django's tasks framework.
+
+- ``tasks``: ``bench.benchapp.tasks.touch.enqueue(record)``, a ``@task`` of ``TombstoneBackend``
+  doing the ``ordered`` variant's fenced write (``context.update``), run by the same qcluster;
+- ``tasks-db``: ``bench.benchapp.tasks_db.touch.enqueue(pk)``, django-tasks-db's
+  ``DatabaseBackend`` (the ``bench`` extra) doing ``baseline-fast``'s unfenced write, run by
+  ``--workers`` ``manage.py db_worker`` processes (bench/db_workers.py) polling every
+  ``--db-worker-interval`` seconds (default 0: no sleep), persistent connections as
+  ``baseline-fast``.
+
 Per repetition: reset the tables, create the entities, start a real ``manage.py qcluster``
 (project/stress/cluster.py) and wait until it ran a ping task; then start the clock, enqueue
 every job from this process, wait until every job finished (ledger / django-q2 task rows, with
@@ -47,9 +57,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# The default --variants (make bench's matrix); the tasks variants are opt-in.
 VARIANTS = ("baseline", "baseline-fast", "unordered", "ordered")
+TASKS_VARIANTS = ("tasks", "tasks-db")
+# Every variant, in the order of the table.
+ALL_VARIANTS = ("baseline", "baseline-fast", "tasks-db", "unordered", "ordered", "tasks")
 PLAIN = "bench.tasks.plain_touch"
 FAST = "bench.tasks.fast_touch"
+# The tasks variants' @task functions (their module paths: django-tasks-db's task_path).
+TASK = "bench.benchapp.tasks.touch"
+DB_TASK = "bench.benchapp.tasks_db.touch"
+DB_BACKEND = "tasks_db"  # the TASKS alias of django-tasks-db in bench/settings.py
 # CONN_MAX_AGE of the baseline-fast cluster (seconds): connections kept across tasks.
 FAST_CONN_MAX_AGE = 600
 HANDLER = "bench.touch"
@@ -78,7 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst", type=int, default=20, help="jobs per entity in the bursty mix")
     p.add_argument("--reps", type=int, default=3, help="repetitions (median, min, max)")
     p.add_argument(
-        "--variants", default=",".join(VARIANTS), help="baseline,baseline-fast,unordered,ordered"
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"default {','.join(VARIANTS)}; also {','.join(TASKS_VARIANTS)} (Django's tasks)",
+    )
+    p.add_argument(
+        "--db-worker-interval",
+        type=float,
+        default=0.0,
+        help="tasks-db: db_worker --interval, seconds between polls of an idle worker (0: none)",
     )
     p.add_argument("--json", default="", help="write the results here")
     p.add_argument(
@@ -107,6 +133,23 @@ def csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def check_variants(args: argparse.Namespace) -> None:
+    """Refuse an unknown variant, and tasks-db without django-tasks-db, before anything runs."""
+    from importlib.util import find_spec
+
+    variants = csv(args.variants)
+    unknown = [v for v in variants if v not in ALL_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown --variants {','.join(unknown)}: one of {','.join(ALL_VARIANTS)}")
+    if "tasks-db" in variants and find_spec("django_tasks_db") is None:
+        raise SystemExit(
+            "--variants tasks-db needs django-tasks-db, a bench-only dependency: "
+            f'{Path(sys.executable).name} -m pip install -e ".[bench]" (make bench does it)'
+        )
+    if args.db_worker_interval < 0:
+        raise SystemExit("--db-worker-interval must be 0 or more")
+
+
 def combos(args: argparse.Namespace) -> list[tuple[str, str]]:
     dbs = csv(args.db)
     for db in dbs:
@@ -126,6 +169,7 @@ def combos(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    check_variants(args)
     interrupt_on_signals()
     if args.child:
         return child(args)
@@ -142,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             "variants": csv(args.variants),
             "soak": args.soak,
             "conn_max_age": args.conn_max_age,
+            "db_worker_interval": args.db_worker_interval,
             "clock": "drain (backlog)" if args.backlog else "enqueue+run",
         },
         "code": {"git": git_head(), "tombstones_sha256": code_fingerprint()},
@@ -380,8 +425,22 @@ def reset_tables() -> None:
     from tombstones.models import Job, JobEvent
 
     tables = [m._meta.db_table for m in (JobEvent, Job, Task, OrmQ, SheetRow, Customer)]
+    db_result = db_task_result_model()
+    if db_result is not None:
+        tables.append(db_result._meta.db_table)
     sql = connection.ops.sql_flush(no_style(), tables, reset_sequences=True, allow_cascade=True)
     connection.ops.execute_sql_flush(sql)
+
+
+def db_task_result_model() -> Any:
+    """django-tasks-db's task table (DBTaskResult), or None when it is not installed."""
+    from django.apps import apps
+
+    if not apps.is_installed("django_tasks_db"):
+        return None
+    from django_tasks_db.models import DBTaskResult
+
+    return DBTaskResult
 
 
 def seed(mix: str, jobs: int, burst: int) -> list[Any]:
@@ -464,6 +523,99 @@ class RssSampler(threading.Thread):
         return "pusher"
 
 
+def db_workers_class() -> Any:
+    """The tasks-db variant's runner: ``Cluster``'s start, stop, SIGSTOP and logs, for N
+    ``manage.py db_worker`` processes under bench/db_workers.py (defined here: it subclasses
+    project.stress.cluster.Cluster, which reads the settings at import)."""
+    from project.stress.cluster import Cluster
+
+    class DbWorkers(Cluster):
+        def __init__(self, workers: int, *, interval: float, **kwargs: Any) -> None:
+            super().__init__(workers, **kwargs)
+            self.interval = interval
+
+        def command(self) -> list[str]:
+            return [
+                sys.executable,
+                str(ROOT / "bench" / "db_workers.py"),
+                str(self.workers),
+                "--backend",
+                DB_BACKEND,
+                "--interval",
+                f"{self.interval:g}",
+                "--no-startup-delay",
+                "--no-reload",
+            ]
+
+        def launch(self) -> Any:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self.process = subprocess.Popen(
+                self.command(),
+                cwd=str(ROOT),
+                env=self.environment(),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # one process group: --backlog's SIGSTOP, stop()
+            )
+            return self
+
+        def wait_ready(self, timeout: float) -> None:
+            """A ping task recorded as successful, and every worker in its polling loop (its
+            counter file shows a look at the task table)."""
+            from bench import sqlcount
+            from bench.benchapp.tasks_db import ping
+
+            table = db_task_result_model()._meta.db_table
+            ping_id = ping.enqueue().id
+            sqldir = self.extra_env["BENCH_SQL_DIR"]
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"db_workers exited early:\n{self.log_tail()}")
+                polling = [
+                    pid
+                    for pid, d in sqlcount.read_dir(sqldir).items()
+                    if d.get("role") == "worker"
+                    and any(sql.startswith("SELECT") and table in sql for sql in d["statements"])
+                ]
+                done = (
+                    db_task_result_model().objects.filter(id=ping_id, status="SUCCESSFUL").exists()
+                )
+                if done and len(polling) >= self.workers:
+                    return
+                time.sleep(0.1)
+            raise TimeoutError(f"db_workers not ready after {timeout}s:\n{self.log_tail()}")
+
+    return DbWorkers
+
+
+def pause_safely(pid: int) -> None:
+    """SIGSTOP the process group ``pid`` (--backlog). On SQLite, never while one of its processes
+    holds the write lock (django-tasks-db's workers poll in an EXCLUSIVE transaction; a worker
+    stopped inside one would block every enqueue): probe with a write lock of our own, and if it
+    is taken, let the group run a moment and stop it again."""
+    import sqlite3
+
+    from django.db import connection
+
+    os.killpg(pid, signal.SIGSTOP)
+    if connection.vendor != "sqlite":
+        return
+    for _ in range(200):
+        probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            os.killpg(pid, signal.SIGCONT)
+            time.sleep(0.005)
+            os.killpg(pid, signal.SIGSTOP)
+        finally:
+            probe.close()
+    raise RuntimeError("--backlog: the paused workers keep holding SQLite's write lock")
+
+
 def run_once(
     args: argparse.Namespace,
     db: str,
@@ -490,11 +642,23 @@ def run_once(
     }
     if args.conn_max_age is not None:
         env["BENCH_CONN_MAX_AGE"] = str(args.conn_max_age)
-    elif variant == "baseline-fast":
+    elif variant in ("baseline-fast", "tasks-db"):
+        # tasks-db too: db_worker closes a connection older than CONN_MAX_AGE after every poll,
+        # so the demo's 0 would cost it a new connection per task.
         env["BENCH_CONN_MAX_AGE"] = str(FAST_CONN_MAX_AGE)
     env.update(extra_env or {})
     log_path = str(Path(sqldir).with_suffix(".qcluster.log"))
-    cluster = Cluster(workers, settings_module="bench.settings", env=env, log_path=log_path)
+    if variant == "tasks-db":
+        env["BENCH_SQL_ROLE"] = "worker"
+        cluster = db_workers_class()(
+            workers,
+            interval=args.db_worker_interval,
+            settings_module="bench.settings",
+            env=env,
+            log_path=log_path,
+        )
+    else:
+        cluster = Cluster(workers, settings_module="bench.settings", env=env, log_path=log_path)
     cluster.start(ready_timeout=90)
     assert cluster.process is not None
     sampler = RssSampler(cluster.process.pid, args.rss_interval, series=series)
@@ -521,7 +685,7 @@ def run_once(
             if args.backlog:
                 # Pause the whole cluster while enqueueing: the clock of the drain starts at
                 # SIGCONT, with every message waiting (worker throughput, not the enqueue's).
-                os.killpg(cluster.process.pid, signal.SIGSTOP)
+                pause_safely(cluster.process.pid)
             try:
                 sent, t0, t_enqueued = enqueue_all(variant, plan)
             finally:
@@ -531,7 +695,8 @@ def run_once(
             enq_after = sqlcount.snapshot()
             # The timeout counts from the last enqueue (or the SIGCONT of a backlog run).
             complete = wait_done(variant, n, max(t_start, t_enqueued) + args.timeout, cluster)
-            settle(broker, cluster.name)
+            if variant != "tasks-db":  # no django-q2 there
+                settle(broker, cluster.name)
         time.sleep(3 * sqlcount.FLUSH_SECONDS)
         after = sqlcount.read_dir(sqldir)
     finally:
@@ -541,8 +706,13 @@ def run_once(
     result["clock"] = "drain (backlog)" if args.backlog else "enqueue+run"
     result.update(collect(variant, n, sent, t0, t_enqueued, t_start))
     result["complete"] = complete and result["finished"] == n
+    if variant in TASKS_VARIANTS:  # completion: every job succeeded
+        result["complete"] = result["complete"] and result["outcomes"].get("succeeded") == n
     result.update(enqueue_summary(enq_before, enq_after, n))
-    result.update(sql_summary(sqlcount.diff(before, after), sampler, n))
+    diffs = sqlcount.diff(before, after)
+    result.update(sql_summary(diffs, sampler, n))
+    if variant == "tasks-db":
+        discount_idle_polls(result, diffs, n)
     result.update(rss_summary(sampler, sqlcount.read_dir(sqldir)))
     if series and sampler.series is not None:
         result["rss_series"] = rss_series(sampler, sqlcount.read_dir(sqldir), t0)
@@ -575,6 +745,16 @@ def enqueue_all(variant: str, plan: list[Any]) -> tuple[dict[str, float], float,
         run = uuid.uuid4().hex[:8]
         for i, record in enumerate(plan):
             tombstones.enqueue(HANDLER, record, ordering_key=f"bench:{run}:{i}")
+    elif variant == "tasks":
+        from bench.benchapp.tasks import touch
+
+        for record in plan:
+            touch.enqueue(record)
+    elif variant == "tasks-db":
+        from bench.benchapp.tasks_db import touch as db_touch
+
+        for record in plan:
+            db_touch.enqueue(record.pk)
     else:
         raise SystemExit(f"unknown variant {variant!r}")
     return sent, t0, time.time()
@@ -589,7 +769,14 @@ def finished_count(variant: str) -> int:
         return Task.objects.filter(func=PLAIN).count()
     if variant == "baseline-fast":
         return _fast_done()[0]
+    if variant == "tasks-db":
+        return _db_tasks().filter(status__in=("SUCCESSFUL", "FAILED")).count()
     return Job.objects.filter(status__in=Job.TERMINAL).count()
+
+
+def _db_tasks() -> Any:
+    """The tasks-db variant's rows of django-tasks-db's task table (not the ready ping's)."""
+    return db_task_result_model().objects.filter(task_path=DB_TASK)
 
 
 def _fast_done() -> tuple[int, Any]:
@@ -671,6 +858,16 @@ def collect(
         outcomes["succeeded"] = done
         if last is not None:
             finishes = [last.timestamp()] * done  # per-job times are not kept: no latency
+    elif variant == "tasks-db":
+        names = {"SUCCESSFUL": "succeeded", "FAILED": "failed"}
+        for enqueued, finished, status in _db_tasks().values_list(
+            "enqueued_at", "finished_at", "status"
+        ):
+            outcomes[names.get(status, status.lower())] += 1
+            if finished is not None:
+                end = finished.timestamp()
+                finishes.append(end)
+                latencies.append(end - enqueued.timestamp())
     else:
         for created, finished, status, rr in Job.objects.values_list(
             "created_at", "finished_at", "status", "rereads"
@@ -735,6 +932,36 @@ def sql_summary(diffs: dict[int, dict[str, Any]], sampler: RssSampler, n: int) -
             if c / per >= 0.002
         ],
     }
+
+
+def discount_idle_polls(result: dict[str, Any], diffs: dict[int, dict[str, Any]], n: int) -> None:
+    """tasks-db: leave out the polls that found no task (at --db-worker-interval 0 an idle
+    worker polls without pause, so their number is the harness's reaction time, not the jobs'
+    cost): each is a SELECT of the task table in a transaction of its own, committed, and every
+    other poll claims its task (an UPDATE setting its status and started_at). Reported apart as
+    ``idle_polls_per_job``; the statement breakdown keeps them."""
+    table = db_task_result_model()._meta.db_table
+    polls = claims = 0
+    for d in diffs.values():
+        for sql, count in d["statements"].items():
+            if table not in sql:
+                continue
+            if sql.startswith("SELECT"):
+                polls += count
+            elif sql.startswith("UPDATE") and 'SET "status" = %s, "started_at"' in sql:
+                claims += count
+    idle = max(polls - claims, 0)
+    per = max(n, 1)
+    raw_commits = round(result["commits_per_job"] * per)
+    idle_commits = min(idle, raw_commits)
+    result["idle_polls_per_job"] = round(idle / per, 3)
+    result["sql_per_job"] = round(result["sql_per_job"] - idle / per, 3)
+    result["sql_per_job_worker"] = round(result["sql_per_job_worker"] - idle / per, 3)
+    by_role = result["sql_per_job_by_role"]
+    if "worker" in by_role:
+        by_role["worker"] = round(by_role["worker"] - idle / per, 3)
+    result["commits_per_job"] = round((raw_commits - idle_commits) / per, 3)
+    result["write_tx_per_job"] = round(result["write_tx_per_job"] - idle_commits / per, 3)
 
 
 def enqueue_summary(before: dict[str, Any], after: dict[str, Any], n: int) -> dict[str, Any]:
@@ -926,12 +1153,18 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "latency_p95_ms": med("latency_p95_ms"),
                 "peak_rss_worker_mb": max((r["peak_rss_worker_mb"] or 0) for r in reps),
                 "q_tasks_per_job": med("q_tasks_per_job"),
+                "idle_polls_per_job": med("idle_polls_per_job"),
                 "rereads": sum(r["rereads"] for r in reps),
                 "sql_breakdown": mean_breakdown(reps, "sql_breakdown"),
                 "enqueue_breakdown": mean_breakdown(reps, "enqueue_breakdown"),
             }
         )
-    for variant, column in (("baseline", "vs_baseline"), ("baseline-fast", "vs_baseline_fast")):
+    for variant, column in (
+        ("baseline", "vs_baseline"),
+        ("baseline-fast", "vs_baseline_fast"),
+        ("tasks-db", "vs_tasks_db"),
+        ("ordered", "vs_ordered"),
+    ):
         base = {
             (r["db"], r["broker"], r["workers"], r["mix"]): r["jobs_per_s_median"]
             for r in rows
@@ -940,7 +1173,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in rows:
             b = base.get((r["db"], r["broker"], r["workers"], r["mix"]))
             r[column] = round(r["jobs_per_s_median"] / b, 2) if b else None
-    order = {v: i for i, v in enumerate(VARIANTS)}
+    order = {v: i for i, v in enumerate(ALL_VARIANTS)}
     rows.sort(
         key=lambda r: (
             r["db"] != "postgres",
@@ -985,6 +1218,7 @@ def render(results: dict[str, Any]) -> str:
                 f"({row['transactions']} cycles in {row['seconds']} s, {row['failed']} failed)"
             )
         lines += against_ceiling(results["summary"], pg)
+    lines += tasks_comparison(results.get("summary", []))
     for soak_run in results.get("soaks", []):
         lines.append("")
         lines.append(
@@ -1016,6 +1250,29 @@ def against_ceiling(summary: list[dict[str, Any]], pg: dict[str, Any]) -> list[s
             f"jobs/s = {share:.0%} of the {clients}-client ceiling"
         )
     return ["", "Against the ceiling:", *lines] if lines else []
+
+
+def tasks_comparison(summary: list[dict[str, Any]]) -> list[str]:
+    """Each ``tasks`` row against ``tasks-db`` (the issue: >= 2x) and ``ordered`` (the native
+    road: within 10%) of the same configuration."""
+    by_key = {(r["db"], r["broker"], r["workers"], r["mix"], r["variant"]): r for r in summary}
+    lines = []
+    for r in summary:
+        if r["variant"] != "tasks":
+            continue
+        key = (r["db"], r["broker"], r["workers"], r["mix"])
+        parts = [f"{r['jobs_per_s_median']:.0f} jobs/s"]
+        for other, column in (("tasks-db", "vs_tasks_db"), ("ordered", "vs_ordered")):
+            found = by_key.get((*key, other))
+            if found is not None and r.get(column) is not None:
+                parts.append(f"{r[column]:.2f}x {other} ({found['jobs_per_s_median']:.0f})")
+        lines.append(
+            f"- {r['db']} + {r['broker']}, {r['mix']}, {r['workers']} worker(s): "
+            + ", ".join(parts)
+        )
+    if not lines:
+        return []
+    return ["", "The tasks backend (tasks) against django-tasks-db and the native road:", *lines]
 
 
 def fmt(value: Any, spec: str, suffix: str = "") -> str:

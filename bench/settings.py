@@ -9,17 +9,29 @@ Differences from project.settings, all applied to every variant alike:
 - ``BENCH_Q_RECYCLE`` overrides django-q2's worker recycling (default 500 tasks; the soak run
   turns it off so a leak would show), ``BENCH_CONN_MAX_AGE`` the connection lifetime;
 - ``BENCH_LEASE`` sets ``TOMBSTONES_LEASE`` (seconds) and django-q2's ``timeout`` one second
-  below it (bench/hosts.py: a killed host's jobs come back within seconds, not a minute).
+  below it (bench/hosts.py: a killed host's jobs come back within seconds, not a minute);
+- ``TASKS``: ``default`` is ``TombstoneBackend`` (as in project.settings; the ``tasks`` variant)
+  and, when django-tasks-db is installed (the ``bench`` extra, never a dependency of the
+  library), ``tasks_db`` is its ``DatabaseBackend`` with its app ``django_tasks_db`` (the
+  ``tasks-db`` variant, run by ``manage.py db_worker --backend tasks_db``).
 """
 
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 
 from project.settings import *  # noqa: F403
 from project.settings import DATABASES, INSTALLED_APPS, Q_CLUSTER
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.benchapp"]
+
+TASKS: dict[str, dict[str, object]] = {
+    "default": {"BACKEND": "tombstones.tasks.TombstoneBackend"},
+}
+if find_spec("django_tasks_db") is not None:
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS["tasks_db"] = {"BACKEND": "django_tasks_db.DatabaseBackend"}
 
 DEBUG = os.environ.get("BENCH_DEBUG", "") == "1"
 

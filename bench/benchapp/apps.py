@@ -18,3 +18,8 @@ class BenchConfig(AppConfig):
 
             sqlcount.install(directory)
             sqlcount.connect_role_signals()
+            # A process that is a worker by itself (django-tasks-db's db_worker): no django-q2
+            # signal names it.
+            role = os.environ.get("BENCH_SQL_ROLE")
+            if role:
+                sqlcount.set_role(role)
