@@ -268,3 +268,108 @@ def test_group__a_failed_jobs_on_commit_callbacks_are_dropped_with_its_writes(
     assert sorted(ran) == ["cb-ok-1", "cb-ok-2"]
     counters = dict(StressEntity.objects.values_list("key", "counter"))
     assert counters == {"cb-ok-1": 1, "cb-fails": 0, "cb-ok-2": 1}
+
+
+# --- a job's savepoint costs no round trip of its own (issue 34) ------------------------------
+
+
+def _statements_of_group(handler: str, keys: list[str]) -> list[str]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for key in keys:
+        tombstones.enqueue(handler, _entity(key))
+    claim = _claim_whole()
+    with CaptureQueriesContext(connection) as queries:
+        runner.run_claim(claim)
+    return [q["sql"] for q in queries]
+
+
+def test_savepoint__made_with_the_jobs_first_statement(queued: None) -> None:
+    """Each job's savepoint goes with its first statement: on PostgreSQL in the same round trip
+    (no SAVEPOINT sent alone), on SQLite just before it (a call, no round trip)."""
+    from django.db import connection
+
+    statements = _statements_of_group("stress.count", ["sp-1", "sp-2", "sp-3"])
+    # The group's transaction, nested in the test's, is a savepoint too: one, before the jobs.
+    group, *alone = [s for s in statements if s.startswith("SAVEPOINT") and ";" not in s]
+    assert statements.index(group) < 3, statements
+    merged = [s for s in statements if s.startswith("SAVEPOINT") and ";" in s]
+    if connection.vendor == "postgresql":
+        assert (len(alone), len(merged)) == (0, 3), statements
+        assert all("UPDATE" in s.split(";", 1)[1] for s in merged), merged
+    else:
+        assert (len(alone), len(merged)) == (3, 0), statements
+    assert dict(StressEntity.objects.values_list("key", "counter")) == {
+        "sp-1": 1,
+        "sp-2": 1,
+        "sp-3": 1,
+    }
+
+
+def test_savepoint__a_first_statement_that_reads_gets_its_own_rows(queued: None) -> None:
+    """The merged round trip hands the handler its statement's result, not the savepoint's."""
+    seen: list[Any] = []
+
+    def reads_first(ctx: Any) -> None:
+        seen.append(
+            list(StressEntity.objects.filter(pk=ctx.record.pk).values_list("key", "counter"))
+        )
+        ctx.update(counter=F("counter") + 1)
+
+    with temp_handler("t.reads-first", reads_first):
+        _statements_of_group("t.reads-first", ["rf-1", "rf-2"])
+    assert seen == [[("rf-1", 0)], [("rf-2", 0)]]
+    assert Job.objects.filter(status=Status.SUCCEEDED).count() == 2
+
+
+def test_savepoint__a_failing_first_statement_rolls_back_that_job_alone(queued: None) -> None:
+    """The first statement fails in the round trip that made the savepoint: the job rolls back
+    to it, the group's other jobs commit."""
+
+    def breaks(ctx: Any) -> None:
+        if ctx.record.key == "ff-bad":
+            # A duplicate key: the statement itself fails (PostgreSQL aborts the transaction).
+            StressEntity.all_objects.create(key="ff-1", payload="dup")
+        ctx.update(counter=F("counter") + 1)
+
+    with temp_handler("t.breaks", breaks):
+        _statements_of_group("t.breaks", ["ff-1", "ff-bad", "ff-2"])
+    statuses = dict(Job.objects.values_list("object_id", "status"))
+    by_key = dict(StressEntity.objects.values_list("pk", "key"))
+    ended = {by_key[int(pk)]: status for pk, status in statuses.items()}
+    assert ended == {"ff-1": Status.SUCCEEDED, "ff-bad": Status.FAILED, "ff-2": Status.SUCCEEDED}
+    assert dict(StressEntity.objects.values_list("key", "counter")) == {
+        "ff-1": 1,
+        "ff-bad": 0,
+        "ff-2": 1,
+    }
+
+
+def test_savepoint__a_job_that_ran_no_statement_drops_its_callbacks(
+    queued: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A handler that fails before any statement made no savepoint: its on_commit callbacks go
+    all the same, and the group goes on."""
+    from django.db import transaction
+
+    ran: list[str] = []
+
+    def early(ctx: Any) -> None:
+        key = ctx.record.key
+        transaction.on_commit(lambda: ran.append(key))
+        if key == "ns-fails":
+            raise ValueError("before any statement")
+        ctx.update(counter=F("counter") + 1)
+
+    with temp_handler("t.early", early):
+        for key in ("ns-1", "ns-fails", "ns-2"):
+            tombstones.enqueue("t.early", _entity(key))
+        with django_capture_on_commit_callbacks(execute=True):
+            runner.run_claim(_claim_whole())
+    assert sorted(ran) == ["ns-1", "ns-2"]
+    assert dict(StressEntity.objects.values_list("key", "counter")) == {
+        "ns-1": 1,
+        "ns-fails": 0,
+        "ns-2": 1,
+    }
