@@ -479,3 +479,79 @@ def test_run_after__the_job_waits_until_it_is_due(customer: Customer) -> None:
     make_due(job)
     assert finish(result).status == SUCCESSFUL
     assert len(tasks.seen) == 1
+
+
+# --- the signals cost no query per job (issue 34) -----------------------------------------------
+
+
+def test_signals__a_task_that_ran_costs_its_signals_no_query(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    """task_started and task_finished of a task that ran at its first claim are built from the
+    claim's row and the outcome's UPDATE: no SELECT of the job or its events per job; and what
+    task_finished carries is what get_result() reads afterwards."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    got: list[Any] = []
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(task_result)
+
+    result = tasks.touch.enqueue(customer)
+    task_finished.connect(finished)
+    try:
+        with (
+            CaptureQueriesContext(connection) as ran,
+            django_capture_on_commit_callbacks() as callbacks,
+        ):
+            run(job_of(result))
+        with CaptureQueriesContext(connection) as sent:
+            for callback in callbacks:
+                callback()
+    finally:
+        task_finished.disconnect(finished)
+    reads = [
+        q["sql"] for q in ran if q["sql"].startswith("SELECT") and "tombstones_jobevent" in q["sql"]
+    ]
+    assert reads == []
+    assert [q["sql"] for q in sent if "tombstones_job" in q["sql"]] == []
+    [done] = got
+    stored = tasks.touch.get_backend().get_result(result.id)
+    fields = ("status", "enqueued_at", "started_at", "finished_at", "last_attempted_at")
+    assert [getattr(done, name) for name in fields] == [getattr(stored, name) for name in fields]
+    assert (done.worker_ids, done.args, done.errors) == (stored.worker_ids, stored.args, [])
+    assert done.status == SUCCESSFUL
+
+
+def test_signals__a_failed_task_carries_the_row_as_its_outcome_left_it(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A task that raised: task_finished, built without reading the ledger, carries the error,
+    the erased arguments and the times get_result() reads."""
+    got: list[Any] = []
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(task_result)
+
+    result = tasks.broken.enqueue(customer)
+    task_finished.connect(finished)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            run(job_of(result))
+    finally:
+        task_finished.disconnect(finished)
+    [done] = got
+    stored = tasks.broken.get_backend().get_result(result.id)
+    assert done.status == FAILED == stored.status
+    assert (done.finished_at, done.started_at, done.last_attempted_at) == (
+        stored.finished_at,
+        stored.started_at,
+        stored.last_attempted_at,
+    )
+    assert done.worker_ids == stored.worker_ids
+    assert done.args == stored.args == []
+    assert [e.exception_class_path for e in done.errors] == [
+        e.exception_class_path for e in stored.errors
+    ]
+    assert done.errors[0].traceback == stored.errors[0].traceback

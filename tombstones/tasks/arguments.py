@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
 from ..exceptions import InvalidParams, UnfencedTask
@@ -175,7 +176,9 @@ def stored(job: Job) -> tuple[list[Any], dict[str, Any]]:
     if "args" not in params or "fence" not in params:
         return [], {}
     args, kwargs = list(params["args"]), dict(params["kwargs"])
-    label = f"{job.content_type.app_label}.{job.content_type.model}"
+    # Cached per process: no query per job (job.content_type would be one).
+    kind = ContentType.objects.db_manager(job._state.db).get_for_id(job.content_type_id)
+    label = f"{kind.app_label}.{kind.model}"
     snapshot = {
         "model": label,
         "pk": job.object_id,

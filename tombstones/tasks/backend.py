@@ -171,10 +171,17 @@ def _send_task_finished(sender: Any, job: Any, **kwargs: Any) -> None:
         return
     from ..jobs.models import Job
 
-    # As get_result() will read it: the sender's instance lacks what the database set.
-    stored = Job.objects.using(job._state.db).select_related("content_type").get(pk=job.pk)
     backend = task.get_backend()
-    task_finished.send(type(backend), task_result=result_for(stored, task, backend.alias))
+    claims = getattr(job, "_task_claims", None)  # read when the task ran in this claim
+    if claims is not None and job.row_events():
+        # A plain success (most jobs): its outcome wrote no event, so the claims its task saw
+        # are all there are, and the instance is its row as the outcome's UPDATE left it (that
+        # UPDATE returned what the database set).
+        result = result_for(job, task, backend.alias, claims=claims)
+    else:  # a trail in events (retries, re-reads, rejections): as get_result() will read it
+        stored = Job.objects.using(job._state.db).select_related("content_type").get(pk=job.pk)
+        result = result_for(stored, task, backend.alias)
+    task_finished.send(type(backend), task_result=result)
 
 
 job_finished.connect(_send_task_finished, dispatch_uid="tombstones.tasks.task_finished")

@@ -106,19 +106,28 @@ def result_for(
     )
 
 
+def first_claim(job: Job) -> bool:
+    """The job's running claim is its first: claimed once, and nothing gave it back with a
+    reason (a take-back, a crash), so no earlier claim left an event. Its row holds the claim."""
+    return job.attempts == 1 and job.reason == Reason.NONE and job.started_at is not None
+
+
 def claims_of(job: Job, *, running: bool | None = None) -> list[tuple[str, datetime]]:
     """(worker, time) of each claim of the job, oldest first: the recorded ones, and the one
     running now (its event is written with its outcome; its row holds it meanwhile). A plain
-    success keeps its one claim in its row (Job.row_events)."""
+    success keeps its one claim in its row (Job.row_events). A first claim running reads
+    nothing: its row is all there is."""
+    if running is None:
+        running = job.status == Status.RUNNING
+    if running and first_claim(job):
+        return [(job.owner, job.started_at)]  # type: ignore[list-item]
     found = list(
         job.events.filter(event=Event.CLAIMED)
         .order_by("created_at", "id")
         .values_list("worker", "created_at")
     )
-    if not found:
-        found = [(e.worker, e.created_at) for e in job.row_events() if e.event == Event.CLAIMED]
-    if running is None:
-        running = job.status == Status.RUNNING
+    # A plain success stores no events for its last claim: its row holds it.
+    found += [(e.worker, e.created_at) for e in job.row_events() if e.event == Event.CLAIMED]
     if running and job.started_at is not None:
         found.append((job.owner, job.started_at))
     return found

@@ -35,6 +35,8 @@ def handler_for(task: TombstoneTask) -> Handler:
                 pk=job.pk
             )
         claims = claims_of(job, running=True)
+        # For task_finished, sent with this instance once its outcome commits.
+        job._task_claims = claims  # type: ignore[attr-defined]
         result = result_for(
             job, task, backend.alias, claims=claims, status=TaskResultStatus.RUNNING
         )

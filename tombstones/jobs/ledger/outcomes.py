@@ -12,13 +12,14 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.contenttypes.models import ContentType
 from django.db import connections, models, router, transaction
 from django.db.models import Case, Exists, F, Q, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+from django.db.models.sql import UpdateQuery
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost
@@ -211,11 +212,56 @@ def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **ext
     if refund:
         fields["attempts"] = _only(refund, by_id, F("attempts") - 1, F("attempts"))
     fields.update(extra)
-    matched = qs.update(**fields)
-    if matched:
-        for outcome in outcomes:
-            outcome.job.status, outcome.job.reason = outcome.status, outcome.reason
-    return matched
+    written = _update_returning(qs, fields, db)
+    for outcome in outcomes:
+        if outcome.job_id in written:
+            _as_written(outcome, written[outcome.job_id])
+    if written and "params" in extra:  # an expression the database decided: read it back
+        stored = Job.objects.using(db).filter(pk__in=list(written)).values_list("pk", "params")
+        for pk, params in stored:
+            by_id[pk].job.params = params
+    return len(written)
+
+
+def _update_returning(
+    qs: models.QuerySet[Job], fields: dict[str, Any], db: str
+) -> dict[int, datetime | None]:
+    """``qs.update(**fields)``, returning each changed row's ``finished_at``: the database's
+    time, which a receiver of ``job_finished`` reads from the job it is sent (no SELECT after)."""
+    query = cast(UpdateQuery, qs.query.chain(UpdateQuery))
+    query.add_update_values(fields)
+    sql, params = query.get_compiler(db).as_sql()
+    if not sql:
+        return {}
+    conn = connections[db]
+    returning = f"{conn.ops.quote_name('id')}, {conn.ops.quote_name('finished_at')}"
+    with conn.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returning}", params)
+        rows = cursor.fetchall()
+    # SQLite returns datetimes as text: its backend's converter (PostgreSQL's are typed).
+    convert = getattr(conn.ops, "convert_datetimefield_value", None)
+    column = Job._meta.get_field("finished_at")
+    return {
+        pk: convert(at, column, conn) if convert is not None and at is not None else at
+        for pk, at in rows
+    }
+
+
+def _as_written(outcome: Outcome, finished_at: datetime | None) -> None:
+    """The job's instance as its row now is, in what a finished job's receivers read."""
+    job = outcome.job
+    job.status, job.reason = outcome.status, outcome.reason
+    job.error_class = outcome.error_class[:200]
+    job.finished_at = finished_at
+    job.lease_expires_at, job.claim_token = None, ""
+    if outcome.found != (None, None):
+        job.found_generation, job.found_version = outcome.found
+    if outcome.checked_version is not None:
+        job.checked_version = outcome.checked_version
+    if outcome.erase_params:
+        job.params = {}
+    if outcome.refund:
+        job.attempts -= 1
 
 
 def _hints(by_id: dict[int, Outcome]) -> Any:
