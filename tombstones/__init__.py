@@ -9,20 +9,20 @@ from .exceptions import TransientError
 from .jobs.registry import handler
 
 if TYPE_CHECKING:
-    from .jobs.enqueue import enqueue
+    from .jobs.enqueue import enqueue, enqueue_many
 
 try:
     __version__ = version("django-tombstone-guard")
 except PackageNotFoundError:  # running from a source checkout
     __version__ = "0.0.0"
 
-__all__ = ["TransientError", "__version__", "enqueue", "handler"]
+__all__ = ["TransientError", "__version__", "enqueue", "enqueue_many", "handler"]
 
 
 def __getattr__(name: str) -> Any:
     # enqueue needs the app registry; import it on first use, not with the package.
-    if name == "enqueue":
-        from .jobs.enqueue import enqueue
+    if name in ("enqueue", "enqueue_many"):
+        from .jobs import enqueue
 
-        return enqueue
+        return getattr(enqueue, name)
     raise AttributeError(f"module 'tombstones' has no attribute {name!r}")

@@ -154,3 +154,45 @@ def test_enqueue__a_lane_whose_row_rolled_back_gets_it_again(postgres_only: None
     assert job.lane == lane
     assert Lane.objects.filter(key=lane).exists()
     assert Job.objects.filter(lane=lane).count() == 1
+
+
+# --- one wake-up per transaction (issue 34) -----------------------------------------------------
+
+
+def test_enqueue__one_wake_up_per_transaction(django_capture_on_commit_callbacks: object) -> None:
+    customers = CustomerFactory.create_batch(3)
+    with django_capture_on_commit_callbacks() as callbacks:  # type: ignore[operator]
+        for customer in customers:
+            tombstones.enqueue(HANDLER, customer)
+        tombstones.enqueue_many(HANDLER, customers)
+    assert len(callbacks) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__a_wake_up_rolled_back_with_its_savepoint_is_sent_again(settings: object) -> None:
+    """The first enqueue's wake-up was registered inside a savepoint that rolled back: the next
+    enqueue, outside it, registers its own, and a message is sent after the commit."""
+    settings.TOMBSTONES_Q_OPTIONS = {}  # type: ignore[attr-defined]  # a real ORM-broker message
+    first, second = CustomerFactory(), CustomerFactory()
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                tombstones.enqueue(HANDLER, first)
+                raise RuntimeError("the inner block failed")
+        except RuntimeError:
+            pass
+        job = tombstones.enqueue(HANDLER, second)
+    assert list(Job.objects.values_list("pk", flat=True)) == [job.pk]
+    assert OrmQ.objects.count() == 1
+    assert OrmQ.objects.get().task["args"] == (job.pk,)
+
+
+def test_enqueue__an_outer_wake_up_serves_the_jobs_of_inner_savepoints(
+    django_capture_on_commit_callbacks: object,
+) -> None:
+    first, second = CustomerFactory(), CustomerFactory()
+    with django_capture_on_commit_callbacks() as callbacks:  # type: ignore[operator]
+        tombstones.enqueue(HANDLER, first)
+        with transaction.atomic():
+            tombstones.enqueue(HANDLER, second)
+    assert len(callbacks) == 1

@@ -23,11 +23,19 @@ from tombstones.conf import tombstone_settings
 
 
 def test_public_api__the_package_names() -> None:
-    assert set(tombstones.__all__) == {"TransientError", "__version__", "enqueue", "handler"}
-    assert inspect.isfunction(tombstones.enqueue)
-    assert inspect.signature(tombstones.enqueue).parameters["ordering_key"].kind is (
-        inspect.Parameter.KEYWORD_ONLY
-    )
+    assert set(tombstones.__all__) == {
+        "TransientError",
+        "__version__",
+        "enqueue",
+        "enqueue_many",
+        "handler",
+    }
+    for name in ("enqueue", "enqueue_many"):
+        function = getattr(tombstones, name)
+        assert inspect.isfunction(function)
+        assert inspect.signature(function).parameters["ordering_key"].kind is (
+            inspect.Parameter.KEYWORD_ONLY
+        )
     assert callable(tombstones.handler("tests.public-api-probe"))  # a decorator, not yet applied
     assert tombstones.TransientError is exceptions.TransientError
     with pytest.raises(AttributeError, match="no attribute 'missing'"):

@@ -3,18 +3,19 @@ caller's transaction, then wake a worker once it commits."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
-from django.db import models, router, transaction
+from django.db import connections, models, router, transaction
 
-from .ledger import insert_job
+from .ledger import insert_job, insert_jobs
 from .models import Job
 from .validation import check_enqueue
 from .wakeups import wake, wake_soon
 
-__all__ = ["default_lane", "enqueue", "wake", "wake_soon"]
+__all__ = ["default_lane", "enqueue", "enqueue_many", "wake", "wake_soon"]
 
 
 def default_lane(record: models.Model) -> str:
@@ -53,6 +54,79 @@ def enqueue(
         external=found.external,
         run_after=run_after,
     )
-    job_id = job.pk
-    transaction.on_commit(lambda: wake_soon(job_id), using=db)
+    wake_after_commit(db, job.pk)
     return job
+
+
+def wake_after_commit(db: str, job_id: int) -> None:
+    """Wake a worker once the caller's transaction commits: one wake-up per transaction, not
+    per job (each is a broker round trip). A wake-up already registered is enough when no
+    rollback can drop it without dropping this job too: it was registered outside every
+    savepoint this job is in (its savepoints are a subset of this job's)."""
+    conn = connections[db]
+    if conn.in_atomic_block:
+        inside = set(conn.savepoint_ids)
+        for entry in conn.run_on_commit:  # (savepoint ids, callback, robust)
+            if isinstance(entry[1], _Wake) and entry[0] <= inside:
+                return
+    transaction.on_commit(_Wake(job_id), using=db)
+
+
+class _Wake:
+    """The after-commit callback of an enqueue (a class: :func:`wake_after_commit` finds it)."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+
+    def __call__(self) -> None:
+        wake_soon(self.job_id)
+
+
+def enqueue_many(
+    handler: str,
+    records: Iterable[models.Model],
+    *,
+    params: dict[str, Any] | None = None,
+    ordering_key: str | None = None,
+    run_after: datetime | None = None,
+    using: str | None = None,
+) -> list[Job]:
+    """Queue one fenced job per record, as :func:`enqueue` would queue each in turn, in one
+    INSERT, with one wake-up once the caller's transaction commits.
+
+    The same snapshots, lanes and refusals: every record is checked before any SQL, and one
+    refusal refuses them all (nothing is queued). Jobs of one lane (the same record twice, or an
+    ``ordering_key`` shared by all) take their places in the order given. ``params`` go to
+    every job, checked against each record.
+    """
+    found: list[tuple[models.Model, Any]] = []
+    for record in records:
+        found.append(
+            (
+                record,
+                check_enqueue(
+                    handler, record, params=params, ordering_key=ordering_key, run_after=run_after
+                ),
+            )
+        )
+    if not found:
+        return []
+    db = using or router.db_for_write(Job)
+    types = ContentType.objects.db_manager(db)
+    rows = [
+        {
+            "handler": checked.handler.name,
+            "content_type": types.get_for_model(record),
+            "object_id": str(checked.pk),
+            "generation": checked.generation,
+            "version": checked.version,
+            "lane": ordering_key or default_lane(record),
+            "params": checked.params,
+            "external": checked.handler.external,
+            "run_after": run_after,
+        }
+        for record, checked in found
+    ]
+    jobs = insert_jobs(db, rows)
+    wake_after_commit(db, jobs[0].pk)
+    return jobs

@@ -3,7 +3,7 @@ external calls, enqueue's insert, params). A face: callers write ``ledger.claim(
 """
 
 from .claims import Claim, claim, give_back, holds_any, renew, worker_id
-from .insert import insert_job
+from .insert import insert_job, insert_jobs
 from .outcomes import (
     Found,
     Outcome,
@@ -28,6 +28,7 @@ __all__ = [
     "give_back",
     "holds_any",
     "insert_job",
+    "insert_jobs",
     "mark_sending",
     "mark_sent",
     "record_ref",
