@@ -34,6 +34,7 @@ UNFINISHED_ONLY = {
     "tombstones_job_hint",
     "tombstones_job_hint_lane",
     "tombstones_job_held",
+    "tombstones_job_paused",
 }
 
 
@@ -75,6 +76,84 @@ def test_plans__claim_outcome_and_sweep_use_indexes_on_a_full_ledger(postgres_on
         (sorted(used), sql) for sql, plan in checked if (used := set(INDEX.findall(plan)) & others)
     ]
     assert wide == [], "\n\n".join(f"{used}: {sql[:400]}" for used, sql in wide)
+
+
+BACKLOG = 30_000
+# Rows a statement may read from the job table with BACKLOG queued jobs waiting: the work in
+# hand (a claim's lanes, a lapsed claim, a paused job), never the backlog.
+READ_AT_MOST = 1_000
+
+
+def seed_queued(n: int) -> None:
+    """``n`` queued jobs of their own lanes, hinted as an enqueue leaves them (SQL: fast)."""
+    from django.contrib.contenttypes.models import ContentType
+
+    ct = ContentType.objects.get_for_model(Customer).pk
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tombstones_job (handler, content_type_id, object_id, generation, version, "
+            "lane, status, reason, error_class, params, attempts, rereads, external, owner, "
+            "claim_token) SELECT 'bench.touch', %s, g::text, 1, 1, 'backlog:' || g, 'queued', "
+            "'', '', '{}'::jsonb, 0, 0, false, '', '' FROM generate_series(1, %s) AS g",
+            [ct, n],
+        )
+
+
+def rows_read(plan: dict[str, Any]) -> int:
+    """Rows the plan's scans of the job table read (returned or filtered out, every loop)."""
+    found = 0
+    if plan.get("Relation Name") == "tombstones_job":
+        loops = int(plan.get("Actual Loops", 1))
+        kept = int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+        found += kept * max(loops, 1)
+    for child in plan.get("Plans", []):
+        found += rows_read(child)
+    return found
+
+
+def test_plans__timers_sweep_and_take_back_read_the_work_not_the_backlog(
+    postgres_only: None,
+) -> None:
+    """With 30,000 queued jobs waiting, the timers' next-due question, the sweep (a paused job
+    to resume) and the take-back of a dead claim (two jobs) read a few rows each: each of them
+    read the whole backlog (a MIN over an expression, a paused job found by a table scan, a
+    correlated lookup the held-jobs index could not serve, once per lapsed job)."""
+    from django.db import transaction
+
+    from tombstones.models import Job
+
+    seed_queued(BACKLOG)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tombstones_job SET status = 'paused', ready_at = NULL WHERE lane = 'backlog:7'"
+        )
+        cursor.execute(
+            "UPDATE tombstones_job SET status = 'running', claim_token = 'dead', owner = 'gone', "
+            "attempts = 1, started_at = now(), ready_at = NULL, "
+            "lease_expires_at = now() - interval '1 minute' "
+            "WHERE lane IN ('backlog:8', 'backlog:9')"
+        )
+        cursor.execute("ANALYZE tombstones_job")
+    undo = transaction.savepoint()
+    with CaptureQueriesContext(connection) as captured:
+        assert Job.objects.next_due_in() is not None
+        counts = sweep(dispatch=False)
+    transaction.savepoint_rollback(undo)
+    assert (counts["requeued"], counts["resumed"]) == (2, 1)  # it did the work
+    read = []
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            sql = query["sql"]
+            verb = sql.lstrip().split(None, 1)[0].upper()
+            if verb not in ("SELECT", "UPDATE", "DELETE", "WITH") or not TABLES.search(sql):
+                continue
+            undo = transaction.savepoint()  # as the state was before the sweep changed it
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+            (plan,) = cursor.fetchone()[0]
+            transaction.savepoint_rollback(undo)
+            read.append((rows_read(plan["Plan"]), sql[:300]))
+    assert len(read) >= 5, read
+    assert [r for r in read if r[0] > READ_AT_MOST] == [], read
 
 
 def test_plans__on_sqlite_the_engine_reads_through_indexes_too() -> None:

@@ -34,8 +34,12 @@ def take_back_lapsed(using: str | None = None, *, limit: int = 500) -> dict[str,
     db = using or router.db_for_write(Job)
     lapsed = Job.objects.using(db).lapsed()
     # Another job is held by the same claim (a batch-mate, or a lane follower).
+    # (held() repeats the held-jobs index's condition, so the planner may use it: without, the
+    # lookup scanned the table once per lapsed job.)
     shared = Exists(
-        Job.objects.filter(queries.held_by(OuterRef("claim_token"))).exclude(pk=OuterRef("pk"))
+        Job.objects.filter(queries.held(), queries.held_by(OuterRef("claim_token"))).exclude(
+            pk=OuterRef("pk")
+        )
     )
     rows = lapsed.select_related("content_type").annotate(shared=shared)
     claims: dict[str, list[Any]] = {}
