@@ -60,15 +60,16 @@ def enqueue(
 
 def wake_after_commit(db: str, job_id: int) -> None:
     """Wake a worker once the caller's transaction commits: one wake-up per transaction, not
-    per job (each is a broker round trip). A wake-up already registered is enough when no
-    rollback can drop it without dropping this job too: it was registered outside every
-    savepoint this job is in (its savepoints are a subset of this job's)."""
-    conn = connections[db]
-    if conn.in_atomic_block:
-        inside = set(conn.savepoint_ids)
-        for entry in conn.run_on_commit:  # (savepoint ids, callback, robust)
-            if isinstance(entry[1], _Wake) and entry[0] <= inside:
-                return
+    per job (each is a broker round trip).
+
+    A wake-up already registered serves this job too. Django drops a callback only when a
+    savepoint it was registered in rolls back; each of those is still open around this call, or
+    was released into one that is: either way its rollback drops this job as well.
+    """
+    if connections[db].in_atomic_block and any(
+        isinstance(entry[1], _Wake) for entry in connections[db].run_on_commit
+    ):
+        return
     transaction.on_commit(_Wake(job_id), using=db)
 
 
