@@ -87,13 +87,28 @@ def _here() -> _State:
 
 
 _WRITES = ("INSERT", "UPDATE", "DELETE")
+# A statement with common table expressions writes when its main statement does (``WITH g AS
+# (SELECT ... FOR UPDATE) INSERT ...``) or one of them does (``WITH x AS (UPDATE ...) SELECT``);
+# a row lock (``FOR [NO KEY] UPDATE``) is no write.
+_CTE_WRITE = re.compile(
+    r"\)\s*(?:INSERT|UPDATE|DELETE)\b|\bAS\s+(?:NOT\s+)?(?:MATERIALIZED\s+)?\(\s*"
+    r"(?:INSERT|UPDATE|DELETE)\b",
+    re.IGNORECASE,
+)
+
+
+def is_write(text: str) -> bool:
+    head = text.lstrip()[:6].upper()
+    if head in _WRITES:
+        return True
+    return head[:4] == "WITH" and _CTE_WRITE.search(text) is not None
 
 
 def _count(sql: Any, db: Any) -> None:
     state = _here()
     text = str(sql)
     state.statements[normalise(text)] += 1
-    if not getattr(db, "in_atomic_block", True) and text.lstrip()[:6].upper() in _WRITES:
+    if not getattr(db, "in_atomic_block", True) and is_write(text):
         # A write outside any atomic block is a transaction (and a durable commit) of its own.
         state.autocommit_writes += 1
     state.dirty = True
