@@ -33,6 +33,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--burst", type=int, default=20, help="jobs per entity (bursty)")
     parser.add_argument("--pg-url", default=DEFAULT_PG)
+    parser.add_argument(
+        "--road", choices=["handler", "tasks"], default="handler", help="tasks: the @task variant"
+    )
+    parser.add_argument("--profile", type=int, default=0, help="print the top N functions")
     args = parser.parse_args()
     ensure_pg_database(args.pg_url)  # refuses a test database
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
@@ -60,18 +64,35 @@ def main() -> None:
     reset_tables()
     for record in seed(args.mix, args.jobs, args.burst):
         with transaction.atomic():  # one request, one enqueue
-            tombstones.enqueue(HANDLER, record)
+            if args.road == "tasks":
+                from bench.benchapp.tasks import touch
 
+                touch.enqueue(record)
+            else:
+                tombstones.enqueue(HANDLER, record)
+
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     wall, cpu = time.perf_counter(), time.process_time()
     done = 0
     while ran := runner.pump():
         done += len(ran)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
     left = Job.objects.exclude(status=Job.Status.SUCCEEDED).count()
     print(
         json.dumps(
             {
                 "mix": args.mix,
+                "road": args.road,
                 "jobs": done,
                 "not_succeeded": left,
                 "wall_s": round(wall, 3),

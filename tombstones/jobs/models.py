@@ -296,6 +296,16 @@ class Job(models.Model):
         its row: see :meth:`row_events`)."""
         return [self.enqueued_event(), *with_row_events([self], self.events.all())]
 
+    @property
+    def trail_in_row(self) -> bool:
+        """Its row holds its last claim's events (:meth:`row_events`): none was stored."""
+        return (
+            self.status == states.Status.SUCCEEDED
+            and not self.external
+            and self.started_at is not None
+            and self.checked_version is not None
+        )
+
     def row_events(self) -> list[JobEvent]:
         """The (unsaved) events a job's row stands for when it has none stored.
 
@@ -306,12 +316,7 @@ class Job(models.Model):
         ``found_*`` columns). Rejections, failures, retries, re-reads and external calls keep
         their stored trail.
         """
-        if (
-            self.status != states.Status.SUCCEEDED
-            or self.external
-            or self.started_at is None
-            or self.checked_version is None
-        ):
+        if not self.trail_in_row:
             return []
         common = {
             "job": self,

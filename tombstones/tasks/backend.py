@@ -173,7 +173,7 @@ def _send_task_finished(sender: Any, job: Any, **kwargs: Any) -> None:
 
     backend = task.get_backend()
     claims = getattr(job, "_task_claims", None)  # read when the task ran in this claim
-    if claims is not None and job.row_events():
+    if claims is not None and job.trail_in_row:
         # A plain success (most jobs): its outcome wrote no event, so the claims its task saw
         # are all there are, and the instance is its row as the outcome's UPDATE left it (that
         # UPDATE returned what the database set).
