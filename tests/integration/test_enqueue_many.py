@@ -177,3 +177,21 @@ def test_enqueue_many__two_at_once_on_the_same_lanes_never_deadlock(postgres_onl
             for c in customers
         }
         assert ahead in (set(first), set(second))
+
+
+def test_enqueue_many__delayed_jobs_take_their_places_when_due() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    customers = CustomerFactory.create_batch(3)
+    at = timezone.now() + timedelta(minutes=5)
+    jobs = tombstones.enqueue_many(HANDLER, customers, run_after=at)
+    stored = list(Job.objects.filter(pk__in=[j.pk for j in jobs]).order_by("id"))
+    assert [(j.run_after, j.queued_at, j.ready_at) for j in stored] == [(at, at, at)] * 3
+    assert [j.run_after for j in jobs] == [at] * 3
+    assert not Job.objects.claimable().exists()  # not due yet
+    # Not before now: a past time is placed at the enqueue, as the single enqueue does.
+    late = tombstones.enqueue_many(HANDLER, customers[:1], run_after=timezone.now())
+    row = Job.objects.get(pk=late[0].pk)
+    assert row.queued_at >= row.created_at

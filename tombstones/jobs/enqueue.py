@@ -124,10 +124,9 @@ def enqueue_many(
             "lane": ordering_key or default_lane(record),
             "params": checked.params,
             "external": checked.handler.external,
-            "run_after": run_after,
         }
         for record, checked in found
     ]
-    jobs = insert_jobs(db, rows)
+    jobs = insert_jobs(db, rows, run_after=run_after)
     wake_after_commit(db, jobs[0].pk)
     return jobs

@@ -102,25 +102,67 @@ def _insert_in_lane(db: str, fields: dict[str, Any]) -> Job:
     return inserted
 
 
-def insert_jobs(db: str, rows: Sequence[dict[str, Any]]) -> list[Job]:
+def insert_jobs(
+    db: str, rows: Sequence[dict[str, Any]], *, run_after: datetime | None = None
+) -> list[Job]:
     """Insert many queued jobs in one statement (a bulk enqueue), each as :func:`insert_job`
     would: the lanes' rows held first (:func:`.lanes.hold_many`), so that every job's place is
     behind every job of its lane that committed; within a lane, the jobs in the order given
     (one statement's time, then ids in order). Call inside the caller's transaction."""
     if not rows:
         return []
-    jobs = []
-    for fields in rows:
-        fields = dict(fields)
-        run_after = fields.pop("run_after", None)
-        if run_after is not None:  # as insert_job: its place when it is due, never before now
-            due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
-            fields["run_after"] = fields["queued_at"] = fields["ready_at"] = due
-        jobs.append(Job(**fields))
+    jobs = [Job(**fields) for fields in rows]
     with transaction.atomic(using=db, savepoint=False):
         lanes.hold_many(db, [job.lane for job in jobs])
-        made = Job.objects.using(db).bulk_create(jobs)
-    for job, fields in zip(made, rows, strict=True):
-        if fields.get("run_after") is not None:  # the row holds the database's answer
-            job.run_after = job.queued_at = max(fields["run_after"], timezone.now())
+        if connections[db].vendor == "postgresql":
+            made = _insert_unnest(db, jobs, run_after)
+        else:
+            if run_after is not None:  # as insert_job: its place when due, never before now
+                due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
+                for job in jobs:
+                    job.run_after = job.queued_at = job.ready_at = due
+            made = Job.objects.using(db).bulk_create(jobs)
+    if run_after is not None:  # the row holds the database's answer; this is close to it
+        for job in made:
+            job.run_after = job.queued_at = max(run_after, timezone.now())
+    return made
+
+
+# Placed by their due time (a delayed bulk enqueue), never before the statement's time.
+_TIMED = ("run_after", "queued_at", "ready_at")
+
+
+def _insert_unnest(db: str, jobs: Sequence[Job], run_after: datetime | None) -> list[Job]:
+    """One ``INSERT ... SELECT FROM unnest(...)``: one array per column, so the statement and
+    its parameters stay the same size whatever the number of jobs (Django's bulk INSERT
+    compiles and binds one parameter per column and row)."""
+    conn = connections[db]
+    columns, arrays, casts = [], [], []
+    for field in Job._meta.local_concrete_fields:
+        if field.primary_key or (run_after is not None and field.name in _TIMED):
+            continue
+        values = [field.pre_save(job, add=True) for job in jobs]
+        if all(isinstance(value, DatabaseDefault) for value in values):
+            continue  # the column's default, for every row alike
+        columns.append(conn.ops.quote_name(str(field.column)))
+        arrays.append([field.get_db_prep_save(value, conn) for value in values])
+        casts.append(f"%s::{field.db_type(conn)}[]")
+    names = [f"c{n}" for n in range(len(columns))]
+    picked = [f"u.{name}" for name in names]
+    params: list[Any] = list(arrays)
+    if run_after is not None:
+        for name in _TIMED:
+            columns.append(conn.ops.quote_name(name))
+            picked.append("GREATEST(%s::timestamptz, STATEMENT_TIMESTAMP())")
+            params.append(run_after)
+        # The parameters in the statement's order: the SELECT list's come before unnest's.
+        params = params[len(arrays) :] + params[: len(arrays)]
+    sql = (
+        f"INSERT INTO {conn.ops.quote_name(Job._meta.db_table)} ({', '.join(columns)}) "
+        f"SELECT {', '.join(picked)} FROM unnest({', '.join(casts)}) "
+        f"WITH ORDINALITY AS u({', '.join(names)}, n) ORDER BY u.n RETURNING *"
+    )
+    made = sorted(Job.objects.db_manager(db).raw(sql, params), key=lambda job: job.pk)
+    for job, given in zip(made, jobs, strict=True):
+        job.content_type = given.content_type
     return made
