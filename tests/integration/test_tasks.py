@@ -555,3 +555,22 @@ def test_signals__a_failed_task_carries_the_row_as_its_outcome_left_it(
         e.exception_class_path for e in stored.errors
     ]
     assert done.errors[0].traceback == stored.errors[0].traceback
+
+
+def test_enqueue__a_validated_task_is_not_validated_again_unless_its_handler_left(
+    customer: Customer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation (a signature read, a registration) runs once per task, not per enqueue; a
+    handler unregistered since (as tests do, or a reload) is validated and registered again."""
+    backend = tasks.touch.get_backend()
+    tasks.touch.enqueue(customer)  # validated (at its definition, or here)
+    calls: list[Any] = []
+    original = backend.validate_task
+    monkeypatch.setattr(backend, "validate_task", lambda task: (calls.append(task), original(task)))
+    tasks.touch.enqueue(customer)
+    assert calls == []
+    registry.unregister(tasks.touch.handler_name)
+    result = tasks.touch.enqueue(customer)
+    assert calls == [tasks.touch]
+    assert registry.registered_as(tasks.touch.handler_name) is not None
+    assert job_of(result).status == "queued"

@@ -316,7 +316,8 @@ class Job(models.Model):
         ``found_*`` columns). Rejections, failures, retries, re-reads and external calls keep
         their stored trail.
         """
-        if not self.trail_in_row:
+        started = self.started_at
+        if not self.trail_in_row or started is None:
             return []
         common = {
             "job": self,
@@ -330,11 +331,11 @@ class Job(models.Model):
         found = {"found_generation": self.found_generation, "found_version": self.found_version}
         Event = states.Event
         return [
-            JobEvent(event=Event.CLAIMED, created_at=self.started_at, **common),
-            JobEvent(event=Event.CHECKED, created_at=self.started_at, **common, **checked),
+            JobEvent(event=Event.CLAIMED, created_at=started, **common),
+            JobEvent(event=Event.CHECKED, created_at=started, **common, **checked),
             JobEvent(
                 event=Event.SUCCEEDED,
-                created_at=self.finished_at or self.started_at,
+                created_at=self.finished_at or started,
                 **common,
                 **found,
             ),

@@ -174,6 +174,11 @@ def _import_task(name: str) -> Handler | None:
     return add(made)
 
 
+def registered_as(name: str) -> Handler | None:
+    """The handler registered under ``name`` now, if any (no discovery, no import)."""
+    return _registry.get(name)
+
+
 def registered() -> dict[str, Handler]:
     _discover()
     return dict(_registry)

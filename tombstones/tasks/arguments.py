@@ -64,9 +64,11 @@ def encode(task: TombstoneTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -
             if slot != fence
         },
     }
-    for record in records.values():
-        # Refuses a personal value of any record argument, naming the field, never the value.
-        check_params(stored, record)
+    for slot, record in records.items():
+        # Refuses a personal value of any record argument, naming the field, never the value
+        # (the fence's record: enqueue's own check does it, once).
+        if slot != fence:
+            check_params(stored, record)
     return Encoded(records[fence], stored)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
@@ -27,6 +28,8 @@ from .task import TombstoneTask
 
 # Keys of OPTIONS this backend reads: none yet (its settings are the TOMBSTONES_* ones).
 OPTIONS: frozenset[str] = frozenset()
+# Validated tasks an enqueue need not validate again, remembered at most (per backend).
+SEEN_TASKS = 256
 
 
 class TombstoneBackend(BaseTaskBackend):
@@ -39,6 +42,12 @@ class TombstoneBackend(BaseTaskBackend):
     """
 
     task_class = TombstoneTask
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        # Tasks this backend validated, with the handler their registration made. Bounded: a
+        # copy by .using(run_after=...) is a task of its own.
+        self._seen: dict[Any, registry.Handler] = {}
 
     supports_defer = True
     supports_async_task = False
@@ -84,7 +93,11 @@ class TombstoneBackend(BaseTaskBackend):
                     "parameters."
                 )
         # Defining a task registers its handler, in the web process and in the worker alike.
-        registry.add(self.handler_for(task), replace=True)
+        made = registry.add(self.handler_for(task), replace=True)
+        if len(self._seen) >= SEEN_TASKS:
+            self._seen.clear()
+        with contextlib.suppress(TypeError):  # unhashable: validated at each enqueue
+            self._seen[task] = made
 
     def handler_for(self, task: TombstoneTask) -> registry.Handler:
         """The job handler that runs ``task`` (:func:`.running.handler_for`)."""
@@ -96,7 +109,8 @@ class TombstoneBackend(BaseTaskBackend):
         from ..jobs.enqueue import enqueue
         from ..jobs.models import Job
 
-        self.validate_task(task)
+        if not self._validated(task):
+            self.validate_task(task)
         encoded = arguments.encode(task, args, kwargs)
         db = router.db_for_write(Job)
         job = enqueue(
@@ -109,6 +123,16 @@ class TombstoneBackend(BaseTaskBackend):
         result = result_for(job, task, self.alias, claims=[])
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=db)
         return result
+
+    def _validated(self, task: Any) -> bool:
+        """Validated by this backend before (at its definition, or an earlier enqueue), and its
+        handler still registered: an enqueue need not do it again (a signature read and a
+        registration per job)."""
+        made = registry.registered_as(getattr(task, "handler_name", ""))
+        try:
+            return made is not None and self._seen.get(task) is made
+        except TypeError:  # an unhashable task: validated each time
+            return False
 
     def get_result(self, result_id: Any) -> TaskResult:
         """The job's TaskResult, read from the ledger; TaskResultDoesNotExist for an id that
