@@ -328,14 +328,18 @@ def lock(db: str, picked: Picked, size: int) -> set[int] | None:
         return None
     table = conn.ops.quote_name(Job._meta.db_table)
     claimable = ", ".join(f"'{status}'" for status in CLAIMABLE)
+    # COALESCE: a status the planner cannot match to the partial index of unfinished jobs
+    # (see _waiting_by_id), so that it looks the heads up by id.
     waiting = (
-        f"j.status IN ({claimable}) AND j.run_after <= STATEMENT_TIMESTAMP() AND j.claim_token = ''"
+        f"COALESCE(j.status, '') IN ({claimable}) AND j.run_after <= STATEMENT_TIMESTAMP() "
+        "AND j.claim_token = ''"
     )
     with conn.cursor() as cursor:
         cursor.execute(
             f"SELECT j.id FROM {table} j JOIN unnest(%s::bigint[]) WITH ORDINALITY AS c(id, n) "
-            f"ON j.id = c.id WHERE {waiting} ORDER BY c.n LIMIT %s FOR UPDATE OF j SKIP LOCKED",
-            [[f.id for f in picked.heads], size],
+            f"ON j.id = c.id WHERE j.id = ANY(%s::bigint[]) AND {waiting} ORDER BY c.n LIMIT %s "
+            "FOR UPDATE OF j SKIP LOCKED",  # (= ANY: by primary key, whatever the statistics)
+            [[f.id for f in picked.heads], [f.id for f in picked.heads], size],
         )
         held = {row[0] for row in cursor.fetchall()}
         lanes = {f.lane for f in picked.heads if f.id in held}
@@ -362,8 +366,13 @@ def settle_hints(db: str, picked: Picked) -> None:
                 f"UPDATE {table} SET ready_at = NULL WHERE id IN ("
                 f"SELECT j.id FROM {table} j "
                 "JOIN unnest(%s::bigint[], %s::timestamptz[]) AS h(id, at) "
-                "ON j.id = h.id AND j.ready_at = h.at FOR UPDATE OF j SKIP LOCKED)",
-                [[pk for pk, _ in picked.clear], [at for _, at in picked.clear]],
+                "ON j.id = h.id AND j.ready_at = h.at WHERE j.id = ANY(%s::bigint[]) "
+                "FOR UPDATE OF j SKIP LOCKED)",
+                [
+                    [pk for pk, _ in picked.clear],
+                    [at for _, at in picked.clear],
+                    [pk for pk, _ in picked.clear],
+                ],
             )
     elif picked.clear:  # one writer at a time: nothing changed since it was read
         Job.objects.using(db).filter(pk__in=[pk for pk, _ in picked.clear]).update(ready_at=None)
@@ -384,10 +393,29 @@ _TOKEN, _WORKER, _HEADS, _ALL = "\x00token", "\x00worker", "\x00heads", "\x00all
 _take_sql: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
 
 
-def _id_list(vendor: str, marker: str) -> RawSQL:
-    if vendor == "postgresql":
-        return RawSQL("SELECT unnest(%s::bigint[])", (marker,))
-    return RawSQL("SELECT value FROM json_each(%s)", (marker,))
+def _waiting_by_id(conn: Any) -> Q | RawSQL:
+    """``queries.due()``, for statements that name their jobs by id. On PostgreSQL its status
+    is read through COALESCE: ``status IN (queued, retry_wait)`` lets the planner read the
+    partial index of unfinished jobs instead of the primary key, which it does, whole, when its
+    statistics predate a burst (they said almost no job was queued: a scan of every queued
+    job per claim)."""
+    if conn.vendor != "postgresql":
+        return queries.due()
+    column = f"{conn.ops.quote_name(Job._meta.db_table)}.{conn.ops.quote_name('status')}"
+    claimable = ", ".join(f"'{status}'" for status in CLAIMABLE)
+    opaque = RawSQL(f"COALESCE({column}, '') IN ({claimable})", (), output_field=BooleanField())
+    return opaque & Q(run_after__lte=Now())
+
+
+def _among(conn: Any, marker: str) -> Q | RawSQL:
+    """The job's id is one of a list given as one parameter. On PostgreSQL ``id = ANY(array)``:
+    the primary key answers it whatever the planner believes of the table (``id IN (SELECT
+    unnest(...))`` became a scan of the whole table on a backlog queued since the last ANALYZE:
+    21.7 ms per claim at 20,000 jobs, half the drain)."""
+    if conn.vendor == "postgresql":
+        column = f"{conn.ops.quote_name(Job._meta.db_table)}.{conn.ops.quote_name('id')}"
+        return RawSQL(f"{column} = ANY(%s::bigint[])", (marker,), output_field=BooleanField())
+    return Q(pk__in=RawSQL("SELECT value FROM json_each(%s)", (marker,)))
 
 
 def take(
@@ -403,7 +431,7 @@ def take(
     conn = connections[db]
     key = (db, conn.vendor, tombstone_settings.LEASE)
     if key not in _take_sql:
-        head = Q(pk__in=_id_list(conn.vendor, _HEADS))
+        head = _among(conn, _HEADS)
         values = {
             "status": Case(When(head, then=Value(Status.RUNNING)), default=F("status")),
             "lease_expires_at": Case(
@@ -419,7 +447,7 @@ def take(
         # Checked again on each row as it is when the UPDATE reaches it (PostgreSQL): a job
         # cancelled or expired meanwhile is left as it is (it ended: the jobs behind it may run).
         chosen = Job.objects.using(db).filter(
-            queries.due(), queries.unclaimed(), pk__in=_id_list(conn.vendor, _ALL)
+            _waiting_by_id(conn), queries.unclaimed(), _among(conn, _ALL)
         )
         query = cast(UpdateQuery, chosen.query.chain(UpdateQuery))
         query.add_update_values(values)
