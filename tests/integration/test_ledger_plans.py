@@ -78,6 +78,14 @@ def test_plans__claim_outcome_and_sweep_use_indexes_on_a_full_ledger(postgres_on
     assert wide == [], "\n\n".join(f"{used}: {sql[:400]}" for used, sql in wide)
 
 
+def _savepoint() -> Any:
+    """A savepoint to roll back to (Django 6.1 renamed transaction.savepoint())."""
+    from django.db import transaction
+
+    make = getattr(transaction, "savepoint_create", None) or transaction.savepoint
+    return make()
+
+
 BACKLOG = 30_000
 # Rows a statement may read from the job table with BACKLOG queued jobs waiting: the work in
 # hand (a claim's lanes, a lapsed claim, a paused job), never the backlog.
@@ -134,7 +142,7 @@ def test_plans__timers_sweep_and_take_back_read_the_work_not_the_backlog(
             "WHERE lane IN ('backlog:8', 'backlog:9')"
         )
         cursor.execute("ANALYZE tombstones_job")
-    undo = transaction.savepoint()
+    undo = _savepoint()
     with CaptureQueriesContext(connection) as captured:
         assert Job.objects.next_due_in() is not None
         counts = sweep(dispatch=False)
@@ -147,7 +155,7 @@ def test_plans__timers_sweep_and_take_back_read_the_work_not_the_backlog(
             verb = sql.lstrip().split(None, 1)[0].upper()
             if verb not in ("SELECT", "UPDATE", "DELETE", "WITH") or not TABLES.search(sql):
                 continue
-            undo = transaction.savepoint()  # as the state was before the sweep changed it
+            undo = _savepoint()  # as the state was before the sweep changed it
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
             (plan,) = cursor.fetchone()[0]
             transaction.savepoint_rollback(undo)
@@ -189,7 +197,7 @@ def test_plans__a_claim_finds_its_jobs_by_id_before_any_statistics(postgres_only
     read = []
     with connection.cursor() as cursor:
         for sql in named:
-            undo = transaction.savepoint()
+            undo = _savepoint()
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
             (plan,) = cursor.fetchone()[0]
             transaction.savepoint_rollback(undo)
