@@ -39,14 +39,12 @@ adds a cProfile of one more measurement (not in the figures).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 import uuid
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = measurements(args)
     started = time.time()
     results: dict[str, Any] = {
-        "command": " ".join(
-            [Path(sys.executable).name, "bench/enqueue_rate.py", *(argv or sys.argv[1:])]
-        ),
-        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": harness.machine(),
-        "code": {"git": harness.git_head(), "tombstones_sha256": harness.code_fingerprint()},
+        **harness.run_header("bench/enqueue_rate.py", argv),
         "settings": {
             "jobs": args.jobs,
             "batch": args.batch,
@@ -161,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render(results["summary"]))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        harness.write_json(args.json, results)
         print(f"\nJSON: {args.json}")
     return 0
 

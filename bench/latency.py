@@ -46,7 +46,6 @@ and records any that ran meanwhile (``others_running_after`` in the JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -105,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.setup_django(args, "postgres", "redis")
     started = time.time()
     results: dict[str, Any] = {
-        "command": " ".join(
-            [Path(sys.executable).name, "bench/latency.py", *(argv or sys.argv[1:])]
-        ),
-        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": harness.machine(),
-        "code": {"git": harness.git_head(), "tombstones_sha256": harness.code_fingerprint()},
+        **harness.run_header("bench/latency.py", argv),
         "settings": {
             "jobs": args.jobs,
             "warmup": args.warmup,
@@ -131,20 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             results["runs"].append(run)
             print(one_line(run), flush=True)
             if args.json:  # partial results survive an interrupted run
-                write_json(args.json, results)
+                harness.write_json(args.json, results)
     results["ratios"] = ratios(results["runs"])
     results["seconds"] = round(time.time() - started, 1)
     print()
     print(render(results))
     if args.json:
-        write_json(args.json, results)
+        harness.write_json(args.json, results)
         print(f"\nJSON: {args.json}")
     return 0
-
-
-def write_json(path: str, results: dict[str, Any]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 
 
 def run_once(args: argparse.Namespace, variant: str, workers: int) -> dict[str, Any]:

@@ -50,6 +50,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +234,25 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render(results))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, results)
         print(f"\nJSON: {args.json}")
     return 0
+
+
+def write_json(path: str, results: dict[str, Any]) -> None:
+    """A bench script's JSON (indented, keys sorted), its folder made if missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def run_header(script: str, argv: list[str] | None) -> dict[str, Any]:
+    """What every bench script's JSON starts with: its command, date, machine and code."""
+    return {
+        "command": " ".join([Path(sys.executable).name, script, *(argv or sys.argv[1:])]),
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "code": {"git": git_head(), "tombstones_sha256": code_fingerprint()},
+    }
 
 
 def interrupt_on_signals() -> None:
