@@ -151,3 +151,15 @@ def record(claim: ledger.Claim, status: str, reason: str = "", **fields: Any) ->
     """Record an outcome for a claimed job as the worker does (one transaction)."""
     with transaction.atomic(using=claim.using):
         ledger.write_outcomes(claim, [ledger.Outcome(claim.jobs[0], status, reason, **fields)])
+
+
+def rollup_counts() -> dict[tuple[Any, str, str], int]:
+    """The outcome roll-up's counts by (period, status, reason), its rows folded or not."""
+    from tombstones.jobs.models import OutcomeRollup
+
+    counts: dict[tuple[Any, str, str], int] = {}
+    for period, status, reason, n in OutcomeRollup.objects.values_list(
+        "period", "status", "reason", "jobs"
+    ):
+        counts[period, status, reason] = counts.get((period, status, reason), 0) + n
+    return counts

@@ -22,6 +22,7 @@ class TombstonesConfig(AppConfig):
         from .jobs import erasure, retention, sqlite_indexes
         from .jobs.engine.runner import on_worker_start
         from .jobs.engine.sweep import install_schedule
+        from .jobs.ledger import rollup
         from .records import checks as record_checks
         from .worker import mark_q_task
 
@@ -39,6 +40,9 @@ class TombstonesConfig(AppConfig):
         post_migrate.connect(install_schedule, sender=self, dispatch_uid="tombstones.schedule")
         post_migrate.connect(
             sqlite_indexes.after_migrate, sender=self, dispatch_uid="tombstones.sqlite_indexes"
+        )
+        post_migrate.connect(
+            rollup.after_migrate, sender=self, dispatch_uid="tombstones.outcome_rollup"
         )
         post_migrate.connect(
             retention.install_schedule, sender=self, dispatch_uid="tombstones.purge_schedule"

@@ -126,7 +126,9 @@ def test_crash__sigkill_after_sending_ends_uncertain_and_is_not_repeated(
     assert external.sending_at is not None
 
     backdate_lease(external.pk)
-    assert sweep(dispatch=False) == {
+    counts = sweep(dispatch=False)
+    counts.pop("folded")  # the outcome roll-up's rows it folded: not this test's
+    assert counts == {
         "uncertain": 1,
         "requeued": 0,
         "crashed": 0,

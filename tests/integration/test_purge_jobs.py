@@ -18,11 +18,12 @@ from django_q.models import Schedule
 
 import tombstones
 from tests.factories import CustomerFactory
-from tests.jobkit import run, run_together, succeeded
+from tests.jobkit import rollup_counts, run, run_together, succeeded
 from tombstones import worker
 from tombstones.admin import dashboard
 from tombstones.jobs import retention
 from tombstones.jobs.ledger import purge as ledger_purge
+from tombstones.jobs.ledger import rollup
 from tombstones.jobs.models import OutcomeRollup
 from tombstones.models import Job, JobEvent
 
@@ -135,7 +136,12 @@ def test_purge_jobs__removes_exactly_the_old_finished_jobs_and_their_events(
         "5 past retention; kept 10 younger"
     )
     assert "kept 4 unfinished job(s)" in text
-    assert "Removed 8 job(s) and 16 event(s) in 8 batch(es)." in text
+    # The audit trail's jobs of 366 days ago finished in a roll-up period past its retention:
+    # summed into the totals, which a purge never lowers.
+    assert (
+        "Removed 8 job(s) and 16 event(s) in 8 batch(es); 1 roll-up period(s) summed into the "
+        "totals." in text
+    )
 
 
 def test_purge_jobs__a_dry_run_says_what_the_real_run_does(ledger: dict[str, set[int]]) -> None:
@@ -380,41 +386,56 @@ def test_purge__the_rollup_counts_by_quarter_hour_status_and_reason() -> None:
     for minutes in (0, 7, 14, 15, 44):
         _job(Status.SUCCEEDED, finished=base + timedelta(minutes=minutes, seconds=30))
     _job(Status.CANCELLED, finished=base + timedelta(minutes=1))
-
-    retention.purge()
-
-    rows = set(OutcomeRollup.objects.values_list("period", "status", "reason", "jobs"))
     quarter = timedelta(minutes=15)
-    assert rows == {
+    counted = {
         (base, Status.SUCCEEDED, "", 3),
         (base + quarter, Status.SUCCEEDED, "", 1),
         (base + 2 * quarter, Status.SUCCEEDED, "", 1),
         (base, Status.CANCELLED, Reason.CANCELLED_BY_STAFF, 1),
     }
-    # A later purge adds to a period's count.
+    assert {(*key, n) for key, n in rollup_counts().items()} == counted  # counted as they finished
+
+    retention.purge()
+
+    assert not Job.objects.filter(finished_at__isnull=False).exists()
+    assert {(*key, n) for key, n in rollup_counts().items()} == counted  # the purge took nothing
+    # A later finish adds to its period's count.
     _job(Status.SUCCEEDED, finished=base + timedelta(minutes=3))
     retention.purge()
-    assert OutcomeRollup.objects.get(period=base, status=Status.SUCCEEDED).jobs == 4
+    assert rollup_counts()[base, Status.SUCCEEDED, ""] == 4
 
 
-def test_purge__the_rollup_is_kept_as_long_as_the_audit_trail(settings: Any) -> None:
+def test_purge__the_rollup_keeps_periods_as_long_as_the_audit_trail(settings: Any) -> None:
     now = timezone.now()
     keep = OutcomeRollup.objects.create(
-        period=ledger_purge.period_of(now - 364 * DAY), status=Status.SUCCEEDED, jobs=3
+        period=rollup.period_of(now - 364 * DAY), status=Status.SUCCEEDED, jobs=3
     )
     OutcomeRollup.objects.create(
-        period=ledger_purge.period_of(now - 366 * DAY), status=Status.SUCCEEDED, jobs=3
+        period=rollup.period_of(now - 366 * DAY), status=Status.SUCCEEDED, jobs=3
+    )
+    OutcomeRollup.objects.create(
+        period=rollup.period_of(now - 367 * DAY), status=Status.SUCCEEDED, jobs=2
     )
     text = _purge("--noinput")
-    assert "1 roll-up period(s) past the audit retention" in text
-    assert list(OutcomeRollup.objects.all()) == [keep]
+    assert "2 roll-up period(s) past the audit retention, to be summed into the totals" in text
+    assert "; 2 roll-up period(s) summed into the totals." in text
+    # The old periods are one row at the epoch: out of every chart, still in the totals.
+    assert rollup_counts() == {
+        (keep.period, Status.SUCCEEDED, ""): 3,
+        (rollup.EPOCH, Status.SUCCEEDED, ""): 5,
+    }
+    assert rollup.totals() == {(Status.SUCCEEDED, ""): 8}
     # Never less than the dashboard's charts need, whatever the audit retention.
     settings.TOMBSTONES_AUDIT_RETENTION = timedelta(days=2)
     recent = OutcomeRollup.objects.create(
-        period=ledger_purge.period_of(now - 20 * DAY), status=Status.SUCCEEDED, jobs=1
+        period=rollup.period_of(now - 20 * DAY), status=Status.SUCCEEDED, jobs=1
     )
     retention.purge()
-    assert set(OutcomeRollup.objects.all()) == {recent}
+    assert rollup_counts() == {
+        (recent.period, Status.SUCCEEDED, ""): 1,
+        (rollup.EPOCH, Status.SUCCEEDED, ""): 8,
+    }
+    assert rollup.totals() == {(Status.SUCCEEDED, ""): 9}
 
 
 # --- the horizon and the schedule ------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The job dashboard: counts, why each waiting job waits, blocked lanes, the oldest due job, the
 next sweep, throughput, jobs awaiting a decision, outcomes over time, rejections per day.
 
-The charts count the ledger's finished jobs and, for the jobs ``purge_jobs`` removed, the roll-up
-(:class:`~tombstones.jobs.models.OutcomeRollup`, by quarter hour), so a purge leaves them as
-they were.
+The charts read the outcome roll-up (:class:`~tombstones.jobs.models.OutcomeRollup`, by quarter
+hour, kept as jobs finish): a few hundred rows whatever the ledger's size, and a purge leaves
+them as they were.
 
 Read-only, ids and reason codes only. The charts are drawn server-side (inline SVG). Every
 condition comes from the job table's (``Job.objects.oldest_due()``, ``lane_heads()``,
@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Now, TruncDate, TruncHour
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ..conf import tombstone_settings
 from ..jobs import queries
-from ..jobs.models import Job, JobEvent, OutcomeRollup
+from ..jobs.ledger import rollup
+from ..jobs.models import Job, JobEvent
 from .counting import count
 from .display import format_time
 from .timeline import STATUS_COLOURS
@@ -211,65 +212,38 @@ def throughput(now: datetime) -> dict[str, int]:
     )
 
 
-def _add_purged(
-    counts: dict[Any, dict[str, int]], since: datetime, bucket: Callable[[datetime], Any]
-) -> None:
-    """Add the roll-up's counts of purged jobs finished since ``since`` to ``counts``."""
-    rows = (
-        OutcomeRollup.objects.filter(period__gte=since)
-        .values_list("period", "status")
-        .annotate(n=Sum("jobs"))
-        .order_by()
-    )
-    for period, status, n in rows:
+def _outcomes(
+    since: datetime, buckets: list[Any], bucket: Callable[[datetime], Any]
+) -> dict[Any, dict[str, int]]:
+    """The roll-up's outcomes from ``since`` on, by ``bucket(period)`` and status."""
+    counts: dict[Any, dict[str, int]] = {b: {} for b in buckets}
+    for period, status, n in rollup.rows_since(since):
         key = bucket(period)
         if key in counts:
             counts[key][status] = counts[key].get(status, 0) + n
+    return counts
 
 
 def outcomes_by_hour(now: datetime, hours: int = CHART_HOURS) -> list[tuple[datetime, dict]]:
-    """Finished jobs per hour for the last ``hours`` hours (the current one included), by status."""
+    """Outcomes per hour for the last ``hours`` hours (the current one included), by status."""
     tz = timezone.get_current_timezone()
     last = timezone.localtime(now, tz).replace(minute=0, second=0, microsecond=0)
     buckets = [last - timedelta(hours=hours - 1 - i) for i in range(hours)]
-    rows = (
-        Job.objects.filter(finished_at__gte=buckets[0])
-        .annotate(bucket=TruncHour("finished_at", tzinfo=tz))
-        .values_list("bucket", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    counts: dict[datetime, dict[str, int]] = {b: {} for b in buckets}
-    for bucket, status, n in rows:
-        key = timezone.localtime(bucket, tz) if timezone.is_aware(bucket) else bucket
-        if key in counts:
-            counts[key][status] = counts[key].get(status, 0) + n
-    _add_purged(
-        counts,
+    counts = _outcomes(
         buckets[0],
+        buckets,
         lambda period: timezone.localtime(period, tz).replace(minute=0, second=0, microsecond=0),
     )
     return [(b, counts[b]) for b in buckets]
 
 
 def outcomes_by_day(now: datetime, days: int = CHART_DAYS) -> list[tuple[date, dict]]:
-    """Finished jobs per day for the last ``days`` days (today included), by status."""
+    """Outcomes per day for the last ``days`` days (today included), by status."""
     tz = timezone.get_current_timezone()
-    today = timezone.localdate(now, tz)
-    start = today - timedelta(days=days - 1)
-    rows = (
-        Job.objects.filter(finished_at__date__gte=start)
-        .annotate(day=TruncDate("finished_at"))
-        .values_list("day", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    counts: dict[date, dict[str, int]] = {start + timedelta(days=i): {} for i in range(days)}
-    for day, status, n in rows:
-        if day in counts:
-            counts[day][status] = counts[day].get(status, 0) + n
+    start = timezone.localdate(now, tz) - timedelta(days=days - 1)
     midnight = timezone.make_aware(datetime.combine(start, time()), tz)
-    _add_purged(counts, midnight, lambda period: timezone.localdate(period, tz))
+    days_ = [start + timedelta(days=i) for i in range(days)]
+    counts = _outcomes(midnight, days_, lambda period: timezone.localdate(period, tz))
     return sorted(counts.items())
 
 

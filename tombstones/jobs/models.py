@@ -415,12 +415,13 @@ class Lane(models.Model):
 
 
 class OutcomeRollup(models.Model):
-    """Jobs that ``purge_jobs`` removed, counted by the quarter hour (UTC) they finished in, their
-    status and reason: the dashboard adds these counts to the ledger's rows, so its charts draw
-    the same figures after a purge. A purge batch's counts and its deletes commit together.
+    """Every job that finished, counted by the quarter hour (UTC) it finished in, its status and
+    its reason: the dashboard's charts and the outcome counters read these rows, not the ledger.
 
-    Quarter hours, not days: the hourly chart needs hours, and every time zone's offset is a
-    multiple of 15 minutes, so a local day or hour is a whole number of periods.
+    A count is the sum of its key's rows: a trigger on the job table appends a row (one job) in
+    the transaction that finishes a job, and the sweep adds a key's rows up into one
+    (:mod:`tombstones.jobs.ledger.rollup`). ``purge_jobs`` never takes a count away; periods past
+    the roll-up's retention are moved into one row per status and reason at 1970-01-01.
     """
 
     period = models.DateTimeField(help_text="Start of the quarter hour (UTC) the jobs finished in.")
@@ -431,10 +432,8 @@ class OutcomeRollup(models.Model):
     class Meta:
         ordering = ("period", "status", "reason")
         default_permissions = ()  # not in the admin: the dashboard reads it
-        constraints = [
-            models.UniqueConstraint(
-                fields=["period", "status", "reason"], name="tombstones_rollup_key"
-            ),
+        indexes = [
+            models.Index(fields=["period", "status", "reason"], name="tombstones_rollup_period"),
         ]
 
     def __str__(self) -> str:

@@ -14,8 +14,9 @@ unfinished jobs, ``purge_tombstones`` at unfinished references. So a finished jo
 unfinished one of its lane (cancelled by staff behind a paused head) is needed by no one either.
 
 The purge works in batches, each its own short transaction: the oldest jobs of one status,
-chosen on the ``(status, finished_at)`` index, deleted with their events and counted in the
-roll-up (:class:`~.models.OutcomeRollup`) that keeps the dashboard's charts whole. A batch slower
+chosen on the ``(status, finished_at)`` index, deleted with their events (the roll-up,
+:class:`~.models.OutcomeRollup`, counted them as they finished, and keeps the dashboard's charts
+whole and the outcome totals growing). A batch slower
 than a target halves the batch size and pauses (River's job cleaner does the same).
 """
 
@@ -34,7 +35,8 @@ from django.utils import timezone
 
 from ..conf import tombstone_settings
 from .cluster import task_seconds
-from .ledger.purge import prune_rollup, purge_batch
+from .ledger import rollup
+from .ledger.purge import purge_batch
 from .models import Job, JobEvent, OutcomeRollup
 from .states import UNFINISHED, Status
 
@@ -107,7 +109,7 @@ class Plan:
     young: dict[str, int]  # per kind: finished since the cutoff
     unfinished: int
     no_finish: int  # a final status without finished_at (hand-edited rows): never aged
-    rollups: int  # roll-up periods past their own horizon
+    rollups: int  # roll-up periods past their own horizon (to be summed into the totals)
 
     @property
     def total(self) -> int:
@@ -150,7 +152,13 @@ def plan(using: str | None = None, now: datetime | None = None) -> Plan:
         if status in KINDS[JOBS] or status in KINDS[AUDIT]:
             young[kind_of(status)] += n - n_old - n_no_finish
     events = JobEvent.objects.using(db).filter(job__in=Job.objects.using(db).filter(old)).count()
-    rollups = OutcomeRollup.objects.using(db).filter(period__lt=rollup_horizon(now)).count()
+    rollups = (
+        OutcomeRollup.objects.using(db)
+        .filter(period__lt=rollup_horizon(now), period__gt=rollup.EPOCH)
+        .values("period")
+        .distinct()
+        .count()
+    )
     return Plan(now, cut, removable, events, young, unfinished, no_finish, rollups)
 
 
@@ -163,7 +171,7 @@ class Purged:
     batches: int = 0
     slow_batches: int = 0  # batches over TARGET_SECONDS (each halved the size and paused)
     smallest_batch: int = 0  # the smallest batch size it came down to
-    rollups: int = 0  # roll-up periods removed
+    rollups: int = 0  # roll-up periods summed into the totals (at rollup.EPOCH)
     done: bool = True  # False: it stopped at its deadline with jobs left to remove
 
     @property
@@ -202,7 +210,6 @@ def purge(
     cut = cutoffs(now)
     deadline = clock() + seconds if seconds is not None else None
     floor = min(min_batch, batch_size)
-    count_since = rollup_horizon(now)
     result = Purged(smallest_batch=batch_size)
     size, fast = batch_size, 0
     for kind, statuses in KINDS.items():
@@ -210,7 +217,7 @@ def purge(
             left = True
             while left:
                 asked, started = size, clock()
-                jobs, events = purge_batch(db, status, cut[kind], asked, count_since)
+                jobs, events = purge_batch(db, status, cut[kind], asked)
                 took = clock() - started
                 left = jobs == asked  # fewer: none left (or only rows another transaction holds)
                 if jobs:
@@ -235,7 +242,7 @@ def purge(
                 if deadline is not None and clock() >= deadline:
                     result.done = not left and _nothing_left(db, cut)
                     return result
-    result.rollups = prune_rollup(db, rollup_horizon(now))
+    result.rollups = rollup.prune(rollup_horizon(now), db)
     return result
 
 

@@ -25,7 +25,8 @@ BATCH = 500
 
 
 def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
-    """Take back lapsed leases, expire old jobs, resume paused ones, wake a pump if any is due."""
+    """Take back lapsed leases, expire old jobs, resume paused ones, wake a pump if any is due,
+    fold the outcome roll-up's new rows."""
     counts = {**ledger.take_back_lapsed(using, limit=BATCH), "expired": 0, "resumed": 0}
     jobs = Job.objects.using(using).select_related("content_type")
     # A reserved lane follower (queued with a claim token) is its claim's: that worker records it
@@ -52,6 +53,7 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
         if head is not None:
             wake_soon(head)
     counts["dispatched"] = int(head is not None)
+    counts["folded"] = ledger.rollup.fold(using)
     return counts
 
 

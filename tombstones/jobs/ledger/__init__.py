@@ -2,6 +2,7 @@
 external calls, enqueue's insert, params). A face: callers write ``ledger.claim(...)``.
 """
 
+from . import rollup
 from .claims import Claim, claim, give_back, holds_any, renew, worker_id
 from .insert import insert_job, insert_jobs
 from .outcomes import (
@@ -34,6 +35,7 @@ __all__ = [
     "record_ref",
     "release",
     "renew",
+    "rollup",
     "take_back_lapsed",
     "transition",
     "worker_id",

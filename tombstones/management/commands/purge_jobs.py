@@ -97,7 +97,10 @@ class Command(BaseCommand):
         if plan.no_finish:
             self.stdout.write(f"kept {plan.no_finish} finished job(s) without a finish time")
         if plan.rollups:
-            self.stdout.write(f"{plan.rollups} roll-up period(s) past the audit retention")
+            self.stdout.write(
+                f"{plan.rollups} roll-up period(s) past the audit retention, to be summed "
+                "into the totals"
+            )
 
     def _report_purged(self, purged: retention.Purged, asked: int) -> None:
         slow = ""
@@ -106,7 +109,9 @@ class Command(BaseCommand):
                 f"; {purged.slow_batches} slow batch(es) brought the size from {asked} down "
                 f"to {purged.smallest_batch}"
             )
-        rollups = f"; {purged.rollups} roll-up period(s)" if purged.rollups else ""
+        rollups = (
+            f"; {purged.rollups} roll-up period(s) summed into the totals" if purged.rollups else ""
+        )
         self.stdout.write(
             self.style.SUCCESS(
                 f"Removed {purged.total} job(s) and {purged.events} event(s) in "
