@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import tombstones
 from project.customers.models import Customer
@@ -65,6 +66,34 @@ def test_liveness__a_fresh_job_runs_behind_150_lanes_waiting_for_a_retry(handler
     # The lanes held by their retries moved on by no job.
     behind = Job.objects.filter(pk__in=[j.pk for j in held])
     assert set(behind.values_list("status", flat=True)) == {Status.QUEUED}
+
+
+def test_liveness__hints_on_rows_written_finished_are_cleared_and_hide_no_due_job(
+    handlers: None,
+) -> None:
+    """A row inserted finished takes the hint column's default (bench/ledger.py's seed did, six
+    million times): such hints come before every real one. The claim clears them from its scan
+    of the hints (the look at a lane reads its unfinished jobs only) and one wake-up runs the
+    fresh job."""
+    customers = CustomerFactory.create_batch(3)
+    template = tombstones.enqueue("t.touch", customers[0])
+    Job.objects.filter(pk=template.pk).delete()
+    stale = []
+    for i in range(600):  # more than a claim's looks read hints at once
+        template.pk = None
+        template.lane = f"written-finished:{i}"
+        template.status, template.finished_at = Status.SUCCEEDED, timezone.now()
+        template.save(force_insert=True)
+        stale.append(template.pk)
+    assert Job.objects.filter(pk__in=stale, ready_at__isnull=False).count() == 600
+    fresh = [tombstones.enqueue("t.touch", c) for c in customers[1:]]
+
+    worker.run()
+
+    assert set(
+        Job.objects.filter(pk__in=[j.pk for j in fresh]).values_list("status", flat=True)
+    ) == {Status.SUCCEEDED}
+    assert not Job.objects.filter(pk__in=stale, ready_at__isnull=False).exists()
 
 
 def _block(kind: str, jobs: list[Job]) -> None:

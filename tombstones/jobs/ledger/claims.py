@@ -201,12 +201,13 @@ def _take(
 ) -> tuple[list[Job], heads.Picked, bool]:
     """One look, inside the claim's transaction: returns the jobs taken, the choice, and
     whether more hints may be due than this look read."""
-    keys, more = heads.read_lanes(db, scan, ids)
+    keys, more, ended = heads.read_lanes(db, scan, ids)
     if not keys:
         return [], heads.Picked(), more
     count = size + 1 if whole and ids is None else 1
     options: dict[str, Any] = {"size": size, "whole": whole and ids is None, "ids": ids}
     fronts, hints = heads.read_lanes_jobs(db, keys, count)
+    heads.with_ended(hints, ended)
     guarded: set[str] | None = set() if lanes.guarded(db) else None
     picked = heads.pick(keys, fronts, hints, **options, guarded=guarded)
     if picked.guard and guarded is not None:
@@ -216,6 +217,7 @@ def _take(
         if got:
             more_fronts, more_hints = heads.read_lanes_jobs(db, got, count)
             fronts.update(more_fronts)
+            heads.with_ended(more_hints, ended)
             hints.update(more_hints)
             guarded.update(got)
             picked = heads.pick(keys, fronts, hints, **options, guarded=guarded)
