@@ -14,8 +14,8 @@ it commits and the run goes on ``--after`` seconds.
 
 Every ``--window`` seconds it prints: jobs finished per second; the queue wait of those jobs
 (enqueue to claim, ``started_at - queued_at``, median and p95, database clock); the claim's
-look (the claim's own ``SELECT`` of due lane heads, built as ``ledger.claim`` builds it, its SQL
-run and fetched here ``--probes`` times a window, median and p95); and the dead rows of
+look (its first statement, the scan of the hints that came due, as ``heads.read_lanes`` builds
+it; its SQL run and fetched here ``--probes`` times a window, median and p95); the dead rows of
 ``tombstones_job`` and ``tombstones_jobevent`` (``pg_stat_user_tables.n_dead_tup``). It prints
 the look's ``EXPLAIN (ANALYZE, BUFFERS)`` before the pin, at its end and after it.
 
@@ -101,12 +101,14 @@ def setup(args: argparse.Namespace) -> None:
 
 
 def look_queryset() -> Any:
-    """The claim statement's pick of lane heads (``ledger.claim``'s ``claim_heads``)."""
+    """The claim's first statement: its scan of the hints that came due (``heads.read_lanes``,
+    a claim of one worker's batch), which every later statement of the claim follows."""
     from tombstones.conf import tombstone_settings
+    from tombstones.jobs.ledger import heads
     from tombstones.models import Job
 
-    heads = Job.objects.claimable().order_by("queued_at", "id").values("id")
-    return heads[: tombstone_settings.BATCH_SIZE]
+    scan = min(tombstone_settings.BATCH_SIZE * 2, heads.MAX_LANES)
+    return Job.objects.hinted().values_list("lane", "id", "ready_at", "status")[:scan]
 
 
 class Feeder(threading.Thread):
