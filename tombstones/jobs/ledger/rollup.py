@@ -171,7 +171,9 @@ def _merge(db: str, rows: list[tuple[Any, ...]], key: Any) -> int:
     sums: dict[tuple[datetime, str, str], int] = defaultdict(int)
     for row in rows:
         sums[key(row)] += row[4]
-    OutcomeRollup.objects.using(db).filter(id__in=[row[0] for row in rows])._raw_delete(db)
+    ids = [row[0] for row in rows]
+    for start in range(0, len(ids), 1000):  # SQLite caps a statement's parameters
+        OutcomeRollup.objects.using(db).filter(id__in=ids[start : start + 1000])._raw_delete(db)
     OutcomeRollup.objects.using(db).bulk_create(
         [
             OutcomeRollup(period=period, status=status, reason=reason, jobs=n)
