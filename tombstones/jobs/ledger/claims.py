@@ -206,8 +206,7 @@ def _take(
         return [], heads.Picked(), more
     count = size + 1 if whole and ids is None else 1
     options: dict[str, Any] = {"size": size, "whole": whole and ids is None, "ids": ids}
-    fronts, hints = heads.read_lanes_jobs(db, keys, count)
-    heads.with_ended(hints, ended)
+    fronts, hints = heads.read_lanes_jobs(db, keys, count, ended)
     guarded: set[str] | None = set() if lanes.guarded(db) else None
     picked = heads.pick(keys, fronts, hints, **options, guarded=guarded)
     if picked.guard and guarded is not None:
@@ -215,9 +214,8 @@ def _take(
         # lane as it is now.
         got, _ = lanes.take(db, picked.guard, len(picked.guard), wait=ids is not None)
         if got:
-            more_fronts, more_hints = heads.read_lanes_jobs(db, got, count)
+            more_fronts, more_hints = heads.read_lanes_jobs(db, got, count, ended)
             fronts.update(more_fronts)
-            heads.with_ended(more_hints, ended)
             hints.update(more_hints)
             guarded.update(got)
             picked = heads.pick(keys, fronts, hints, **options, guarded=guarded)

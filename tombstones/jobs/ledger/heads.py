@@ -20,7 +20,7 @@ holds it), which the next claim sees first.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -182,7 +182,7 @@ def read_lanes(
     """The lanes to look at, in the order their hints came due (at most ``scan`` hints read),
     whether more hints may be due than were read, and the hints read on finished jobs by lane
     (a job that ends hints its lane; :func:`read_lanes_jobs` reads a lane's unfinished jobs
-    only, so these are cleared from here). For ``ids``: those jobs' lanes."""
+    only: it takes these as the lanes' own). For ``ids``: those jobs' lanes."""
     jobs = Job.objects.using(db)
     if ids is not None:
         found = jobs.filter(pk__in=list(ids)).order_by("queued_at", "id").values_list("lane")
@@ -193,13 +193,6 @@ def read_lanes(
         if status not in UNFINISHED and at is not None:
             ended.setdefault(lane, []).append((pk, at))
     return _distinct(lane for lane, _, _, _ in rows), len(rows) >= scan, ended
-
-
-def with_ended(hints: dict[str, list[Hint]], ended: dict[str, list[Hint]]) -> None:
-    """Add the finished jobs' hints (from :func:`read_lanes`) to the lanes' hints read since."""
-    for lane, found in hints.items():
-        seen = {pk for pk, _ in found}
-        found += [hint for hint in ended.get(lane, ()) if hint[0] not in seen]
 
 
 def due_lanes(limit: int, *, using: str) -> int:
@@ -297,12 +290,13 @@ def _lateral_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
 
 
 def read_lanes_jobs(
-    db: str, lanes: Sequence[str], count: int
+    db: str, lanes: Sequence[str], count: int, ended: Mapping[str, list[Hint]] | None = None
 ) -> tuple[dict[str, list[Front]], dict[str, list[Hint]]]:
     """The first ``count`` unfinished jobs of each lane in lane order, and the lane's hints that
-    came due: one statement, index ranges of the lane-place and hint indexes per lane."""
+    came due: one statement, index ranges of the lane's own index per lane (PostgreSQL). The
+    hints of its finished jobs are ``ended``'s, from :func:`read_lanes`."""
     fronts: dict[str, list[Front]] = {lane: [] for lane in lanes}
-    hints: dict[str, list[Hint]] = {lane: [] for lane in lanes}
+    hints: dict[str, list[Hint]] = {lane: list((ended or {}).get(lane, ())) for lane in lanes}
     if not lanes:
         return fronts, hints
     sql, params = _lane_statement(db, count)
@@ -326,7 +320,8 @@ def read_lanes_jobs(
             for name in ("queued_at", "ready_at", "run_after"):
                 found[name] = convert(found[name], datetime_field, conn)
         if hint:
-            hints[found["lane"]].append((found["id"], found["ready_at"]))
+            if all(pk != found["id"] for pk, _ in hints[found["lane"]]):  # (SQLite: read twice)
+                hints[found["lane"]].append((found["id"], found["ready_at"]))
             continue
         for flag in ("due", "external", "delayed"):
             found[flag] = bool(found[flag])

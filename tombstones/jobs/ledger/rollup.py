@@ -140,9 +140,8 @@ def count_ledger(using: str = "default", where: str = "", params: Iterable[Any] 
     """Count the ledger's finished jobs (``where`` narrows them) into the roll-up, in SQL: for
     the migration that installs the triggers, and for seeds made with them off."""
     conn = connections[using]
-    at = "finished_at"
-    period = _PERIOD_PG.format(at=at) if conn.vendor == "postgresql" else _PERIOD_SQLITE
-    period = period.format(at=at)
+    period = _PERIOD_PG if conn.vendor == "postgresql" else _PERIOD_SQLITE
+    period = period.format(at="finished_at")
     statuses = ", ".join(f"'{s}'" for s in TERMINAL)
     where = f" AND ({where})" if where else ""
     with conn.cursor() as cursor:
