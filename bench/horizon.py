@@ -15,7 +15,9 @@ it commits and the run goes on ``--after`` seconds.
 Every ``--window`` seconds it prints: jobs finished per second; the queue wait of those jobs
 (enqueue to claim, ``started_at - queued_at``, median and p95, database clock); the claim's
 look (its first statement, the scan of the hints that came due, as ``heads.read_lanes`` builds
-it; its SQL run and fetched here ``--probes`` times a window, median and p95); the dead rows of
+it; its SQL run and fetched here ``--probes`` times a window, median and p95: from the first
+hint, as a worker scans at least once a second, and from the floor its other scans start at,
+``hint_floor``); the dead rows of
 ``tombstones_job`` and ``tombstones_jobevent`` (``pg_stat_user_tables.n_dead_tup``). It prints
 the look's ``EXPLAIN (ANALYZE, BUFFERS)`` before the pin, at its end and after it.
 
@@ -100,15 +102,31 @@ def setup(args: argparse.Namespace) -> None:
     Schedule.objects.all().delete()
 
 
-def look_queryset() -> Any:
+def look_queryset(floor: Any = None) -> Any:
     """The claim's first statement: its scan of the hints that came due (``heads.read_lanes``,
-    a claim of one worker's batch), which every later statement of the claim follows."""
+    a claim of one worker's batch), which every later statement of the claim follows. From the
+    first hint (a worker's scan at least once a second), or from ``floor`` (its other scans:
+    ``hint_floor``)."""
     from tombstones.conf import tombstone_settings
     from tombstones.jobs.ledger import heads
     from tombstones.models import Job
 
     scan = min(tombstone_settings.BATCH_SIZE * 2, heads.MAX_LANES)
-    return Job.objects.hinted().values_list("lane", "id", "ready_at", "status")[:scan]
+    hints = Job.objects.hinted()
+    if floor is not None:
+        hints = hints.filter(ready_at__gte=floor)
+    return hints.values_list("lane", "id", "ready_at", "status")[:scan]
+
+
+def floor_look() -> tuple[str, Any]:
+    """The look from a worker's floor as it stands now: the first hint that came due, less the
+    margin (read here with a scan from the first hint, not timed)."""
+    from tombstones.jobs.ledger import hint_floor
+    from tombstones.models import Job
+
+    first = Job.objects.hinted().values_list("ready_at", flat=True).first()
+    floor = None if first is None else first - hint_floor.MARGIN
+    return look_queryset(floor).query.sql_with_params()
 
 
 class Feeder(threading.Thread):
@@ -301,14 +319,16 @@ def explain(label: str) -> str:
 def render(rows: list[dict[str, Any]]) -> str:
     out = [
         "| phase | t s | jobs/s | backlog | queue wait p50 / p95 ms | claim look p50 / p95 ms "
+        "| look from the floor p50 / p95 ms "
         "| dead rows job | dead rows jobevent | vacuum: removed / not yet removable (job) "
         "| live job rows | horizon age s | load |",
-        "|---|---:|---:|---:|---|---|---:|---:|---|---:|---:|---:|",
+        "|---|---:|---:|---:|---|---|---|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         out.append(
             f"| {r['phase']} | {r['t']} | {r['jobs_per_s']} | {r['backlog']} | "
             f"{r['wait_p50_ms']} / {r['wait_p95_ms']} | {r['look_p50_ms']} / {r['look_p95_ms']} | "
+            f"{r.get('floor_look_p50_ms')} / {r.get('floor_look_p95_ms')} | "
             f"{r.get('tombstones_job_dead')} | {r.get('tombstones_jobevent_dead')} | "
             f"{r['vacuum_removed']} / {r['vacuum_not_removable']} | "
             f"{r.get('tombstones_job_live')} | {r['horizon_s']} | {r['loadavg']} |"
@@ -324,9 +344,12 @@ def summary(rows: list[dict[str, Any]]) -> str:
             continue
         rates = [r["jobs_per_s"] for r in same]
         looks = [r["look_p50_ms"] for r in same if r["look_p50_ms"] is not None]
+        floors = [r["floor_look_p50_ms"] for r in same if r.get("floor_look_p50_ms") is not None]
+        floor = f"{statistics.median(floors):g} ms" if floors else "-"
         lines.append(
             f"{phase}: {statistics.median(rates):g} jobs/s median of {len(same)} windows "
-            f"(min {min(rates):g}), claim look median {statistics.median(looks):g} ms, "
+            f"(min {min(rates):g}), claim look median {statistics.median(looks):g} ms "
+            f"(from the floor {floor}), "
             f"dead job rows {same[-1].get('tombstones_job_dead')}, "
             f"dead event rows {same[-1].get('tombstones_jobevent_dead')} at its end"
         )
@@ -381,13 +404,16 @@ def main(argv: list[str] | None = None) -> int:
             while time.time() < phase_end - 0.5:
                 w_start = time.time()
                 w_end = min(w_start + args.window, phase_end)
-                probes = []
+                probes, floored = [], []
                 every = (w_end - w_start) / max(args.probes, 1)
                 while time.time() < w_end:
                     probes.append(time_look(sql, params))
+                    floored.append(time_look(*floor_look()))
                     time.sleep(max(0.0, min(every, w_end - time.time())))
                 time.sleep(1.0)  # jobs finishing at the window's end are committed
                 row = window(phase, w_start, w_end, t0, probes, list(vacuum.runs))
+                row["floor_look_p50_ms"] = _r(statistics.median(floored))
+                row["floor_look_p95_ms"] = _r(pct(floored, 0.95))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         plans.append(explain(f"{args.after:.0f} s after the release"))

@@ -64,3 +64,7 @@ def _fresh_worker_memory() -> None:
 
     # (and which handlers ran slowly: a slow one gets a group of its own).
     runner.current().reset_pace()
+    # (and where its scans of the hints start: a floor left by another test's clock).
+    from tombstones.jobs.ledger import hint_floor
+
+    hint_floor.forget()

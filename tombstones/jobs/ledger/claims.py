@@ -29,7 +29,7 @@ from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
 from ..states import Status
-from . import heads, lanes
+from . import heads, hint_floor, lanes
 
 logger = logging.getLogger("tombstones")
 
@@ -142,27 +142,39 @@ def claim(
     None when nothing is due.
     """
     db = using or router.db_for_write(Job)
+    # Hints are read from this process's floor on; a claim that finds nothing there looks
+    # again from the first hint (a hint written earlier and committed late: see .hint_floor).
+    floor = hint_floor.current(db) if ids is None else None
     seen = None
     size = limit
     if not whole and ids is None and workers > 1:
-        seen = heads.due_lanes(limit * workers, using=db)
+        seen = heads.due_lanes(limit * workers, using=db, floor=floor)
+        if not seen and floor is not None:
+            floor = None
+            seen = heads.due_lanes(limit * workers, using=db)
         if not seen:
             return None
         size = max(1, min(limit, math.ceil(seen / workers)))
     token, wid = uuid.uuid4().hex, worker_id()
     sent = time.monotonic()  # the lease is taken after this moment
     scan = min(size * (max(workers, 1) + 1), heads.MAX_LANES)
-    for _ in range(_LOOKS):
-        try:
-            with transaction.atomic(using=db):
-                taken, picked, more = _take(db, size, scan, token, wid, whole=whole, ids=ids)
-        except IntegrityError:
-            # The unique running-lane index refused a second running job of a lane (a lane
-            # without a row of its own, read by two claims at once): nothing was taken.
-            return Claim(token, wid, db, [], unclaimed=1, workers=workers)
-        if taken or not more or not picked.clear:
+    while True:
+        for _ in range(_LOOKS):
+            try:
+                with transaction.atomic(using=db):
+                    taken, picked, more = _take(
+                        db, size, scan, token, wid, whole=whole, ids=ids, floor=floor
+                    )
+            except IntegrityError:
+                # The unique running-lane index refused a second running job of a lane (a lane
+                # without a row of its own, read by two claims at once): nothing was taken.
+                return Claim(token, wid, db, [], unclaimed=1, workers=workers)
+            if taken or not more or not picked.clear:
+                break
+            # Every lane looked at was held: the hints behind them may name free ones.
+        if taken or floor is None:
             break
-        # Every lane looked at was held: the hints behind them may name free ones.
+        floor = None
     if not taken:
         return None
     found = [job for job in taken if job.status == Status.RUNNING]
@@ -198,10 +210,11 @@ def _take(
     *,
     whole: bool,
     ids: Sequence[int] | None,
+    floor: datetime | None = None,
 ) -> tuple[list[Job], heads.Picked, bool]:
     """One look, inside the claim's transaction: returns the jobs taken, the choice, and
-    whether more hints may be due than this look read."""
-    keys, more, ended = heads.read_lanes(db, scan, ids)
+    whether more hints may be due than this look read (from ``floor`` on)."""
+    keys, more, ended = heads.read_lanes(db, scan, ids, floor)
     if not keys:
         return [], heads.Picked(), more
     count = size + 1 if whole and ids is None else 1

@@ -33,8 +33,9 @@ from django.db.models.sql import UpdateQuery
 
 from ...conf import tombstone_settings
 from .. import queries
-from ..models import Job
+from ..models import Job, JobQuerySet
 from ..states import CLAIMABLE, SUSPECT, UNFINISHED, Status
+from . import hint_floor
 
 # The most hints of a lane one claim clears (a burst of enqueues into one lane: the rest go to
 # the next claims, a bounded statement each).
@@ -177,17 +178,19 @@ def pick(
 
 
 def read_lanes(
-    db: str, scan: int, ids: Sequence[int] | None = None
+    db: str, scan: int, ids: Sequence[int] | None = None, floor: datetime | None = None
 ) -> tuple[list[str], bool, dict[str, list[Hint]]]:
-    """The lanes to look at, in the order their hints came due (at most ``scan`` hints read),
-    whether more hints may be due than were read, and the hints read on finished jobs by lane
-    (a job that ends hints its lane; :func:`read_lanes_jobs` reads a lane's unfinished jobs
-    only: it takes these as the lanes' own). For ``ids``: those jobs' lanes."""
+    """The lanes to look at, in the order their hints came due (at most ``scan`` hints read,
+    none below ``floor``: see :mod:`.hint_floor`), whether more hints may be due than were
+    read, and the hints read on finished jobs by lane (a job that ends hints its lane;
+    :func:`read_lanes_jobs` reads a lane's unfinished jobs only: it takes these as the lanes'
+    own). For ``ids``: those jobs' lanes."""
     jobs = Job.objects.using(db)
     if ids is not None:
         found = jobs.filter(pk__in=list(ids)).order_by("queued_at", "id").values_list("lane")
         return _distinct(lane for (lane,) in found), False, {}
-    rows = list(jobs.hinted().values_list("lane", "id", "ready_at", "status")[:scan])
+    rows = list(_hints_from(db, floor).values_list("lane", "id", "ready_at", "status")[:scan])
+    hint_floor.scanned(db, floor, rows[0][2] if rows else None)
     ended: dict[str, list[Hint]] = {}
     for lane, pk, at, status in rows:
         if status not in UNFINISHED and at is not None:
@@ -195,11 +198,18 @@ def read_lanes(
     return _distinct(lane for lane, _, _, _ in rows), len(rows) >= scan, ended
 
 
-def due_lanes(limit: int, *, using: str) -> int:
-    """How many lanes have a hint that came due (at most ``limit``): an estimate of the due
-    heads, for sizing a worker's share."""
-    rows = Job.objects.using(using).hinted().values_list("lane", flat=True)[: limit * 4]
-    return min(limit, len(set(rows)))
+def due_lanes(limit: int, *, using: str, floor: datetime | None = None) -> int:
+    """How many lanes have a hint that came due (at most ``limit``, none below ``floor``): an
+    estimate of the due heads, for sizing a worker's share."""
+    rows = list(_hints_from(using, floor).values_list("lane", "ready_at")[: limit * 4])
+    hint_floor.scanned(using, floor, rows[0][1] if rows else None)
+    return min(limit, len({lane for lane, _ in rows}))
+
+
+def _hints_from(db: str, floor: datetime | None) -> JobQuerySet:
+    """The hints that came due, oldest first, from ``floor`` on (None: from the first)."""
+    hinted = Job.objects.using(db).hinted()
+    return hinted if floor is None else hinted.filter(ready_at__gte=floor)
 
 
 _FRONT_FIELDS = (
