@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from django.db import connection
 from django.db.models import F
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 import tombstones
@@ -121,7 +122,7 @@ def _sql(qs: Any) -> str:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_floor__a_hint_written_below_it_runs_when_the_claim_finds_nothing_above(
+def test_floor__a_hint_written_below_it_runs_when_the_scan_finds_nothing_above(
     db: None, touch: None, workers: int
 ) -> None:
     first = tombstones.enqueue("t.touch", CustomerFactory())
@@ -134,6 +135,27 @@ def test_floor__a_hint_written_below_it_runs_when_the_claim_finds_nothing_above(
 
     again = ledger.claim(5, workers=workers, using="default")
     assert _taken(again) == [late.pk]
+
+
+def test_floor__a_claim_that_takes_nothing_above_it_looks_from_the_first_hint(
+    db: None, touch: None
+) -> None:
+    """Above the floor, only the hint of a lane its running head holds; below it, a hint that
+    committed late: the claim takes the late job, not nothing."""
+    from tests.jobkit import claim
+
+    first = tombstones.enqueue("t.touch", CustomerFactory())
+    assert _taken(ledger.claim(5, using="default")) == [first.pk]  # the floor is set
+    customer = CustomerFactory()
+    running = tombstones.enqueue("t.touch", customer)
+    behind = tombstones.enqueue("t.touch", customer)
+    claim(running)
+    # A hint on the held lane, above the floor (as a change of the lane's jobs leaves one).
+    Job.objects.filter(pk=behind.pk).update(ready_at=Now())
+    late = tombstones.enqueue("t.touch", CustomerFactory())
+    Job.objects.filter(pk=late.pk).update(ready_at=F("ready_at") - timedelta(hours=1))
+
+    assert _taken(ledger.claim(5, using="default")) == [late.pk]
 
 
 def test_floor__a_busy_worker_reads_from_the_first_hint_within_a_second(

@@ -142,16 +142,14 @@ def claim(
     None when nothing is due.
     """
     db = using or router.db_for_write(Job)
-    # Hints are read from this process's floor on; a claim that finds nothing there looks
+    # Hints are read from this process's floor on; a claim that takes nothing there looks
     # again from the first hint (a hint written earlier and committed late: see .hint_floor).
     floor = hint_floor.current(db) if ids is None else None
+    wholes = hint_floor.wholes(db)
     seen = None
     size = limit
     if not whole and ids is None and workers > 1:
         seen = heads.due_lanes(limit * workers, using=db, floor=floor)
-        if not seen and floor is not None:
-            floor = None
-            seen = heads.due_lanes(limit * workers, using=db)
         if not seen:
             return None
         size = max(1, min(limit, math.ceil(seen / workers)))
@@ -172,9 +170,9 @@ def claim(
             if taken or not more or not picked.clear:
                 break
             # Every lane looked at was held: the hints behind them may name free ones.
-        if taken or floor is None:
-            break
-        floor = None
+        if taken or floor is None or hint_floor.wholes(db) != wholes:
+            break  # (a scan found no hint above the floor, and read from the first one)
+        floor = None  # hints above it, none taken: from the first hint once more
     if not taken:
         return None
     found = [job for job in taken if job.status == Status.RUNNING]

@@ -189,8 +189,7 @@ def read_lanes(
     if ids is not None:
         found = jobs.filter(pk__in=list(ids)).order_by("queued_at", "id").values_list("lane")
         return _distinct(lane for (lane,) in found), False, {}
-    rows = list(_hints_from(db, floor).values_list("lane", "id", "ready_at", "status")[:scan])
-    hint_floor.scanned(db, floor, rows[0][2] if rows else None)
+    rows = _scan(db, floor, ("lane", "id", "ready_at", "status"), scan)
     ended: dict[str, list[Hint]] = {}
     for lane, pk, at, status in rows:
         if status not in UNFINISHED and at is not None:
@@ -201,15 +200,23 @@ def read_lanes(
 def due_lanes(limit: int, *, using: str, floor: datetime | None = None) -> int:
     """How many lanes have a hint that came due (at most ``limit``, none below ``floor``): an
     estimate of the due heads, for sizing a worker's share."""
-    rows = list(_hints_from(using, floor).values_list("lane", "ready_at")[: limit * 4])
-    hint_floor.scanned(using, floor, rows[0][1] if rows else None)
-    return min(limit, len({lane for lane, _ in rows}))
+    rows = _scan(using, floor, ("lane", "ready_at"), limit * 4)
+    return min(limit, len({row[0] for row in rows}))
 
 
-def _hints_from(db: str, floor: datetime | None) -> JobQuerySet:
-    """The hints that came due, oldest first, from ``floor`` on (None: from the first)."""
-    hinted = Job.objects.using(db).hinted()
-    return hinted if floor is None else hinted.filter(ready_at__gte=floor)
+def _scan(db: str, floor: datetime | None, fields: tuple[str, ...], limit: int) -> list[Any]:
+    """The first ``limit`` hints that came due, oldest first (``fields`` of each, ``ready_at``
+    among them), from ``floor`` on, or from the first hint when none is above it."""
+    hints: JobQuerySet = Job.objects.using(db).hinted()
+    if floor is not None:
+        hints = hints.filter(ready_at__gte=floor)
+    rows = list(hints.values_list(*fields)[:limit])
+    at = fields.index("ready_at")
+    hint_floor.scanned(db, floor, rows[0][at] if rows else None)
+    if rows or floor is None:
+        return rows
+    # Nothing above the floor: perhaps a hint below it committed late (see .hint_floor).
+    return _scan(db, None, fields, limit)
 
 
 _FRONT_FIELDS = (
