@@ -72,6 +72,14 @@ def broken(customer: Customer) -> None:
 
 
 @task
+def broken_personally(customer: Customer) -> None:
+    """Its message and a local hold a personal value (the worker logs them only with
+    TOMBSTONES_LOG_ERROR_DETAILS, the DEBUG default: in-process tests only)."""
+    secret = customer.name
+    raise ValueError(f"a bug in the task for {secret}")
+
+
+@task
 def no_record(number: int) -> None:
     """No record argument: refused at enqueue."""
 
@@ -118,6 +126,57 @@ def bump_once(context: Any, customer: Customer) -> None:
     if len(calls) == 1:
         Customer.objects.filter(pk=customer.pk).update()
     context.update(phone="+1")
+
+
+@task(takes_context=True)
+def returns(context: Any, customer: Customer, kind: str) -> Any:
+    """Writes the record, then returns what ``kind`` names."""
+    context.update(phone="+2")
+    values = {
+        "counts": {"rows": 2, "ids": [customer.pk]},
+        "tuple": (1, "two"),
+        "object": object(),
+        "personal": {"to": customer.name},
+        "none": None,
+    }
+    return values[kind]
+
+
+@task(takes_context=True)
+async def async_touch(context: Any, customer: Customer) -> Any:
+    """An async task: the fenced write and an ORM read, awaited, in the job's transaction."""
+    written = await context.aupdate(phone="+4")
+    rows = await SheetRow.objects.filter(customer_id=customer.pk).acount()
+    return {"written": written, "rows": rows}
+
+
+@task(takes_context=True)
+async def async_bump_once(context: Any, customer: Customer) -> int:
+    """bump_once, awaited: the record moves between the check and the write, the first time."""
+    calls.append(customer.version)
+    if len(calls) == 1:
+        await Customer.objects.filter(pk=customer.pk).aupdate()
+    return await context.aupdate(phone="+5")
+
+
+@task
+def broken_locally(customer: Customer) -> None:
+    """Raises a class defined here: it cannot be imported by its path."""
+
+    class Local(Exception):
+        pass
+
+    raise Local
+
+
+@task
+def flaky_once(customer: Customer) -> None:
+    """A temporary failure the first time: retried, then it succeeds."""
+    import tombstones
+
+    calls.append(customer.pk)
+    if len(calls) == 1:
+        raise tombstones.TransientError("upstream busy")
 
 
 @task(takes_context=True)

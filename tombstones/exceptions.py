@@ -86,9 +86,10 @@ class UnknownHandler(TombstoneError):
         super().__init__(f"No job handler is registered under the name {name!r}.")
 
 
-class InvalidParams(TombstoneError):
+class InvalidParams(TombstoneError, TypeError):
     """Job params must be a JSON object of plain values (str, int, float, bool, None, lists)."""
 
+    # A TypeError: Django's tasks framework refuses an argument it cannot store with one.
     def __init__(self, message: str | None = None, *, field: str | None = None, **ids: Any) -> None:
         # The personal field whose value the params held: its name, never the value.
         self.field = field
@@ -113,6 +114,10 @@ class TransientError(TombstoneError):
 
 class LeaseLost(TombstoneError):
     """The job's lease was taken over: this worker must write nothing more for it."""
+
+
+class InvalidResult(InvalidParams):
+    """A task's return value is kept only as JSON of plain values, free of personal values."""
 
 
 class UnfencedTask(MissingFence, TypeError):

@@ -316,10 +316,11 @@ def test_tasks_cluster__result_statuses_as_the_web_side_sees_them(tmp_path: Path
         release.write_text("go")
 
         broken = tasks.broken.enqueue(other)
+        awaited = tasks.async_touch.enqueue(other)  # an async task, on the cluster's worker
         with transaction.atomic():
             rejected = tasks.touch.enqueue(gone)
             gone.delete()
-        wait_for(lambda: _done(running, behind, broken, rejected), timeout=60)
+        wait_for(lambda: _done(running, behind, broken, rejected, awaited), timeout=60)
         # Read while the cluster still runs, through refresh() as a view would.
         running.refresh()
         behind.refresh()
@@ -332,10 +333,17 @@ def test_tasks_cluster__result_statuses_as_the_web_side_sees_them(tmp_path: Path
     assert _job(behind).started_at >= _job(running).finished_at
 
     result = tasks.broken.get_result(broken.id)
-    _failed(result, "JobFailed", "failed", "handler_error")
-    assert "the handler raised builtins.ValueError" in result.errors[0].traceback
-    assert "a bug in the task" not in result.errors[0].traceback  # the class, not the message
+    assert result.status == FAILED
+    assert result.errors[0].exception_class is ValueError  # what the task raised
+    assert "failed: handler_error" in result.errors[0].traceback
+    assert ", in broken\n" in result.errors[0].traceback  # its frames, from the worker
+    assert "\nbuiltins.ValueError\n" in result.errors[0].traceback  # the class, not the message
+    assert "ValueError: a bug" not in result.errors[0].traceback
     assert (_job(broken).status, _job(broken).reason) == (Status.FAILED, Reason.HANDLER_ERROR)
+
+    result = tasks.async_touch.get_result(awaited.id)
+    assert (result.status, result.return_value) == (SUCCESSFUL, {"written": 1, "rows": 0})
+    assert result.worker_ids == [_job(awaited).owner]  # a cluster worker ran it
 
     result = tasks.touch.get_result(rejected.id)
     _failed(result, "RecordDeleted", "rejected", "source_deleted")

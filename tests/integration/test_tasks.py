@@ -106,6 +106,91 @@ def test_enqueue__task_enqueued_is_sent_once_the_transaction_commits(
     assert got == [(TombstoneBackend, result.id)]
 
 
+def _signals_seen() -> tuple[list[tuple[str, str]], Any]:
+    """(signal, task id) of Django's three task signals as they arrive, and a disconnector."""
+    got: list[tuple[str, str]] = []
+    receivers = {}
+    for name, signal in (
+        ("enqueued", task_enqueued),
+        ("started", task_started),
+        ("finished", task_finished),
+    ):
+
+        def receiver(sender: Any, task_result: Any, _name: str = name, **kwargs: Any) -> None:
+            got.append((_name, task_result.id))
+
+        receivers[signal] = receiver
+        signal.connect(receiver)
+
+    def disconnect() -> None:
+        for signal, receiver in receivers.items():
+            signal.disconnect(receiver)
+
+    return got, disconnect
+
+
+def _in_djangos_order(got: list[tuple[str, str]], ids: list[str]) -> None:
+    for pk in ids:
+        assert [name for name, of in got if of == pk] == ["enqueued", "started", "finished"], got
+    # Every task of the transaction announced before any runs.
+    enqueued = [n for n, (name, _) in enumerate(got) if name == "enqueued"]
+    started = [n for n, (name, _) in enumerate(got) if name == "started"]
+    assert max(enqueued) < min(started), got
+
+
+def test_signals__in_djangos_order_when_the_transaction_commits(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Sync mode runs the jobs once the request commits: task_enqueued first (it came after
+    task_started and task_finished: the wake-up was registered before it)."""
+    from tests.factories import CustomerFactory
+
+    got, disconnect = _signals_seen()
+    try:
+        with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+            first = tasks.touch.enqueue(customer)
+            second = tasks.touch.enqueue(CustomerFactory())
+            with transaction.atomic():  # a savepoint released into the request
+                third = tasks.touch.enqueue(CustomerFactory())
+    finally:
+        disconnect()
+    _in_djangos_order(got, [first.id, second.id, third.id])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_signals__in_djangos_order_in_autocommit() -> None:
+    """Outside a transaction (a command, a shell): the enqueue commits at once, and sync mode
+    runs the job at once; task_enqueued still comes first."""
+    from tests.factories import CustomerFactory
+
+    got, disconnect = _signals_seen()
+    try:
+        done = tasks.touch.enqueue(CustomerFactory())
+    finally:
+        disconnect()
+    _in_djangos_order(got, [done.id])
+    assert job_of(done).status == "succeeded"
+
+
+def test_signals__a_refused_enqueue_announces_nothing(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    from tests.factories import CustomerFactory
+
+    got, disconnect = _signals_seen()
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            gone = CustomerFactory()
+            gone.delete()
+            with pytest.raises(RecordDeleted):  # refused by the enqueue, past the encoding
+                tasks.touch.enqueue(Customer.all_objects.get(pk=gone.pk))
+            ok = tasks.touch.enqueue(customer)
+    finally:
+        disconnect()
+    _in_djangos_order(got, [ok.id])
+    assert len(got) == 3
+
+
 # --- refusals -----------------------------------------------------------------------------------
 
 
@@ -164,6 +249,28 @@ def test_refused__a_model_that_is_not_a_tombstone_model(customer: Customer) -> N
         tasks.pair.enqueue(customer, group)
 
 
+def test_refused__every_argument_refusal_is_a_type_error_as_djangos_own(
+    customer: Customer,
+) -> None:
+    """Django's own backends refuse an argument they cannot store with a TypeError: code written
+    for them catches ours too."""
+    from datetime import datetime
+
+    from django.contrib.auth.models import Group
+
+    group = Group.objects.create(name="g")
+    calls = [
+        lambda: tasks.sync_sheet.enqueue(customer, note=datetime(2031, 7, 9)),  # not JSON
+        lambda: tasks.sync_sheet.enqueue(customer, note=f"for {PLANTED}"),  # a personal value
+        lambda: tasks.pair.enqueue(customer, group),  # a model that is no TombstoneModel
+        lambda: tasks.no_record.enqueue(customer.pk),  # no record
+    ]
+    for call in calls:
+        with pytest.raises(TypeError):
+            call()
+    assert not Job.objects.exists()
+
+
 def _plain(customer: Customer) -> None:
     """A module-level function for the definition checks below."""
 
@@ -183,12 +290,37 @@ async def _coroutine(customer: Customer) -> None:
         (_nothing, {}, "takes no argument"),
         (_plain, {"queue_name": "emails"}, "Queue 'emails'"),
         (_plain, {"priority": 5}, "priority"),
-        (_coroutine, {}, "async"),
     ],
 )
 def test_refused__at_definition(func: Any, options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidTask, match=message):
         fenced_task(**options)(func)
+
+
+def test_async__an_async_task_runs_on_the_worker_in_its_jobs_transaction(
+    customer: Customer,
+) -> None:
+    assert fenced_task(_coroutine).get_backend().supports_async_task is True
+    done = finish(tasks.async_touch.enqueue(customer))
+    assert done.status == SUCCESSFUL
+    assert done.return_value == {"written": 1, "rows": 1}
+    customer.refresh_from_db()
+    assert (customer.phone, customer.version) == ("+4", 2)  # the fenced write, version + 1
+
+
+def test_async__a_stale_record_is_read_again_and_the_task_awaited_again(
+    customer: Customer,
+) -> None:
+    """The fence of an awaited write holds as a sync task's: the record moved between the check
+    and the write, the write matched nothing, the record was read again, the task awaited again."""
+    tasks.calls.clear()
+    done = finish(tasks.async_bump_once.enqueue(customer))
+    assert done.status == SUCCESSFUL
+    assert len(tasks.calls) == 2  # the move rolled back with the lost write: read again at v1
+    assert job_of(done).rereads == 1
+    assert done.return_value == 1
+    customer.refresh_from_db()
+    assert (customer.phone, customer.version) == ("+5", 2)
 
 
 def test_fenced_task__makes_the_same_task_on_every_django_version() -> None:
@@ -328,16 +460,97 @@ def test_result__a_recreated_record_rejects_the_old_generations_task(customer: C
     assert [s["customer"].generation for s in tasks.seen] == [2]
 
 
-def test_result__a_task_that_raises_is_failed_with_the_library_class(customer: Customer) -> None:
-    from tombstones.exceptions import JobFailed
-
-    done = finish(tasks.broken.enqueue(customer))
+def test_result__a_task_that_raises_is_failed_with_the_class_it_raised(customer: Customer) -> None:
+    done = finish(tasks.broken_personally.enqueue(customer))
     assert done.status == FAILED
     [error] = done.errors
-    assert error.exception_class is JobFailed
+    assert error.exception_class is ValueError
+    assert error.exception_class_path == "builtins.ValueError"
     assert "failed: handler_error" in error.traceback
-    assert "builtins.ValueError" in error.traceback
-    assert "a bug in the task" not in error.traceback  # a message may hold a value
+    # Its frames, as Python prints them: file, line, function and source line, then the class.
+    assert error.traceback.startswith("Traceback (most recent call last):\n")
+    assert 'tests/tasks.py", line ' in error.traceback
+    assert ", in broken_personally\n" in error.traceback
+    assert 'raise ValueError(f"a bug in the task for {secret}")' in error.traceback
+    assert "\nbuiltins.ValueError\n" in error.traceback
+    # Never the message, nor a frame's local values: either may hold personal data.
+    assert PLANTED not in error.traceback
+    assert "a bug in the task for Z" not in error.traceback
+    assert PLANTED not in job_of(done).error_trace
+
+
+def test_result__a_class_that_cannot_be_imported_reads_as_the_librarys(customer: Customer) -> None:
+    from tombstones.exceptions import JobFailed
+
+    done = finish(tasks.broken_locally.enqueue(customer))
+    [error] = done.errors
+    assert error.exception_class is JobFailed  # Django imports the class: this one cannot be
+    assert "tests.tasks.broken_locally.<locals>.Local" in error.traceback
+
+
+def test_result__a_success_after_a_retry_keeps_no_trace(customer: Customer) -> None:
+    from tests.jobkit import make_due
+
+    tasks.calls.clear()
+    result = tasks.flaky_once.enqueue(customer)
+    first = finish(result)
+    job = job_of(result)
+    assert job.status == "retry_wait"
+    assert ", in flaky_once\n" in job.error_trace  # the last error, while it waits
+    make_due(job)
+    assert finish(result).status == SUCCESSFUL
+    assert job_of(result).error_trace == ""
+    assert first.errors == []
+
+
+def test_return_value__kept_for_json_and_erased_with_the_records_tombstone(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    finished: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result)
+
+    task_finished.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            done = finish(tasks.returns.enqueue(customer, "counts"))
+        as_tuple = finish(tasks.returns.enqueue(customer, "tuple"))
+    finally:
+        task_finished.disconnect(receiver)
+    assert done.status == SUCCESSFUL
+    assert done.return_value == {"rows": 2, "ids": [customer.pk]}
+    assert [r.return_value for r in finished] == [done.return_value]  # the signal's too
+    assert as_tuple.return_value == [1, "two"]  # JSON's list, as Django's own backends give it
+    customer.refresh_from_db()
+    assert customer.phone == "+2"
+    Customer.objects.get(pk=customer.pk).delete()
+    erased = tasks.returns.get_result(done.id)
+    assert (erased.status, erased.return_value, erased.args) == (SUCCESSFUL, None, [])
+
+
+def test_return_value__none_is_not_stored(customer: Customer) -> None:
+    done = finish(tasks.returns.enqueue(customer, "none"))
+    assert (done.status, done.return_value) == (SUCCESSFUL, None)
+    assert "return" not in job_of(done).params
+
+
+@pytest.mark.parametrize("kind", ["object", "personal"])
+def test_return_value__refused_fails_the_task_and_rolls_its_writes_back(
+    customer: Customer, kind: str
+) -> None:
+    from tombstones.exceptions import InvalidResult
+
+    done = finish(tasks.returns.enqueue(customer, kind))
+    assert done.status == FAILED
+    [error] = done.errors
+    assert error.exception_class is InvalidResult
+    customer.refresh_from_db()
+    assert customer.phone != "+2"  # the task's write went with it
+    job = job_of(done)
+    assert PLANTED not in json.dumps(job.params) + job.error_trace + error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        done.return_value  # noqa: B018 - Django's property raises for a failed task
 
 
 def test_result__an_uncertain_end_is_uncertain_whatever_its_reason() -> None:

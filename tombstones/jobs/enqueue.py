@@ -62,14 +62,20 @@ def wake_after_commit(db: str, job_id: int) -> None:
     """Wake a worker once the caller's transaction commits: one wake-up per transaction, not
     per job (each is a broker round trip).
 
-    A wake-up already registered serves this job too. Django drops a callback only when a
-    savepoint it was registered in rolls back; each of those is still open around this call, or
-    was released into one that is: either way its rollback drops this job as well.
+    A wake-up already registered serves this job too, and moves to the end of the callbacks
+    (with the savepoints it was registered in). Django drops a callback only when a savepoint it
+    was registered in rolls back; each of those is still open around this call, or was released
+    into one that is: either way its rollback drops this job as well.
     """
-    if connections[db].in_atomic_block and any(
-        isinstance(entry[1], _Wake) for entry in connections[db].run_on_commit
-    ):
-        return
+    conn = connections[db]
+    if conn.in_atomic_block:
+        pending = conn.run_on_commit
+        for n, entry in enumerate(pending):
+            if isinstance(entry[1], _Wake):
+                # Last, after what this enqueue's caller registered before it (a task's
+                # task_enqueued): every job of the transaction is announced before one runs.
+                pending.append(pending.pop(n))
+                return
     transaction.on_commit(_Wake(job_id), using=db)
 
 

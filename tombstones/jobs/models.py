@@ -150,6 +150,13 @@ class Job(models.Model):
     status = models.CharField(max_length=16, choices=Status, default=Status.QUEUED)
     reason = models.CharField(max_length=32, choices=Reason, default=Reason.NONE, blank=True)
     error_class = models.CharField(max_length=200, blank=True, help_text="Exception class only.")
+    # db_default: the rows bulk and bench inserts write by SQL, naming their columns, get it too.
+    error_trace = models.TextField(
+        blank=True,
+        db_default="",
+        editable=False,
+        help_text="Frames (file, line, function, source line) and class: no message, no locals.",
+    )
     params = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     rereads = models.PositiveIntegerField(default=0)

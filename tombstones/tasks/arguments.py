@@ -109,22 +109,25 @@ def _fence_slot(
     return next(iter(records))
 
 
+def as_json(value: Any) -> Any:
+    """``value`` as JSON gives it back, or None when JSON would not give back the same value
+    (a tuple reads back as a list: the same)."""
+    try:
+        back = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        return None
+    return back if _same(back, value) else None
+
+
 def _json(task: TombstoneTask, slot: Slot, value: Any) -> Any:
     """``value`` as JSON would give it back, or InvalidParams naming the argument."""
-    try:
-        text = json.dumps(value, allow_nan=False)
-        back = json.loads(text)
-    except (TypeError, ValueError):
-        back = _NOT_JSON
-    if back is _NOT_JSON or not _same(back, value):
+    back = as_json(value)
+    if back is None and value is not None:
         raise InvalidParams(
             f"Argument {_name(slot)} of task {task.module_path} is not a JSON value "
             f"({type(value).__name__}): task arguments are stored as JSON; pass ids and options."
         )
     return back
-
-
-_NOT_JSON = object()
 
 
 def _same(back: Any, value: Any) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router, transaction
+from django.db import connections, router, transaction
 
 from ..jobs import registry
 from ..signals import job_finished
@@ -37,8 +37,8 @@ class TombstoneBackend(BaseTaskBackend):
 
     A task's record argument (a ``TombstoneModel`` instance; ``@task(fence="name")`` picks one of
     several) becomes the job's snapshot, and the job joins the record's lane. ``run_after`` is
-    honoured; priorities and async functions are not (the engine runs lanes in order of due
-    time), and every task runs on the one cluster, so ``QUEUES`` can only hold ``"default"``.
+    honoured, and ``async def`` tasks run; priorities are not (the engine runs lanes in order of
+    due time), and every task runs on the one cluster, so ``QUEUES`` can only hold ``"default"``.
     """
 
     task_class = TombstoneTask
@@ -50,7 +50,9 @@ class TombstoneBackend(BaseTaskBackend):
         self._seen: dict[Any, registry.Handler] = {}
 
     supports_defer = True
-    supports_async_task = False
+    # Django's Task.call runs it with async_to_sync on the worker's thread: its ORM calls (and
+    # context.aupdate) run there, in the job's transaction.
+    supports_async_task = True
     supports_get_result = True
     supports_priority = False
 
@@ -113,15 +115,22 @@ class TombstoneBackend(BaseTaskBackend):
             self.validate_task(task)
         encoded = arguments.encode(task, args, kwargs)
         db = router.db_for_write(Job)
-        job = enqueue(
-            task.handler_name,
-            encoded.record,
-            params=encoded.params,
-            run_after=task.run_after,
-            using=db,
-        )
-        result = result_for(job, task, self.alias, claims=[])
-        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=db)
+        announce = _Enqueued(type(self))
+        # Outside a transaction, one of its own: task_enqueued goes before the job's wake-up,
+        # which runs it at once in sync mode (autocommit runs a callback when it is registered).
+        outer = transaction.atomic(using=db) if not connections[db].in_atomic_block else None
+        with outer or contextlib.nullcontext():
+            # Registered before the enqueue's wake-up, which goes last (.jobs.enqueue): Django's
+            # signals come in their order, enqueued before started, on a cluster too.
+            transaction.on_commit(announce, using=db)
+            job = enqueue(
+                task.handler_name,
+                encoded.record,
+                params=encoded.params,
+                run_after=task.run_after,
+                using=db,
+            )
+            result = announce.result = result_for(job, task, self.alias, claims=[])
         return result
 
     def _validated(self, task: Any) -> bool:
@@ -180,6 +189,19 @@ class TombstoneBackend(BaseTaskBackend):
                 )
             )
         return found
+
+
+class _Enqueued:
+    """Django's ``task_enqueued`` for one enqueue, once its transaction commits (nothing when
+    the enqueue was refused: no result)."""
+
+    def __init__(self, sender: type) -> None:
+        self.sender = sender
+        self.result: TaskResult | None = None
+
+    def __call__(self) -> None:
+        if self.result is not None:
+            task_enqueued.send(self.sender, task_result=self.result)
 
 
 def task_of(handler: str) -> TombstoneTask | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import models
 
 from .compat import TaskContext
@@ -25,7 +26,8 @@ class TombstoneTaskContext(TaskContext):  # type: ignore[misc]  # frozen in Djan
     - ``write(queryset, **fields)``: a write of related rows fenced on the record;
     - ``rereads``: how often the record was read again after a newer version;
     - ``idempotency_key``: for an external call, stable for the job across a manual resend;
-    - ``heartbeat()``: renew the lease now, False if the job is no longer this worker's.
+    - ``heartbeat()``: renew the lease now, False if the job is no longer this worker's;
+    - ``aupdate``, ``awrite``, ``aheartbeat``: the same, for an ``async def`` task.
     """
 
     handler_context: HandlerContext = field(repr=False, compare=False)
@@ -54,3 +56,13 @@ class TombstoneTaskContext(TaskContext):  # type: ignore[misc]  # frozen in Djan
 
     def heartbeat(self) -> bool:
         return self.handler_context.heartbeat()
+
+    # An async task's: run on the worker's thread (thread_sensitive), in the job's transaction.
+    async def aupdate(self, **fields: Any) -> int:
+        return await sync_to_async(self.update, thread_sensitive=True)(**fields)
+
+    async def awrite(self, queryset: models.QuerySet[Any], **fields: Any) -> int:
+        return await sync_to_async(self.write, thread_sensitive=True)(queryset, **fields)
+
+    async def aheartbeat(self) -> bool:
+        return await sync_to_async(self.heartbeat, thread_sensitive=True)()

@@ -1,8 +1,8 @@
 """A job as Django's ``TaskResult``: a view of the ledger, never a second record of it.
 
 Queued, retry-waiting and paused jobs are READY, running ones RUNNING, succeeded ones SUCCESSFUL;
-every other end is FAILED, with a ``TaskError`` naming the library's exception class for the
-outcome and its reason code. A rejection is never SUCCESSFUL. Return values are not kept.
+every other end is FAILED, with a ``TaskError`` naming the exception class the task raised, or
+the library's class for the outcome, and its reason code. A rejection is never SUCCESSFUL.
 """
 
 from __future__ import annotations
@@ -55,13 +55,17 @@ def status_of(job: Job) -> TaskResultStatus:
 
 
 def errors_of(job: Job) -> list[TaskError]:
-    """One TaskError for a job that ended without succeeding: the outcome's exception class and
-    a text with the status, the reason code and the ids (there is no traceback to keep: the
-    worker logs a handler's traceback, and the ledger never stores one)."""
+    """One TaskError for a job that ended without succeeding: the exception class the task
+    raised (or the library's class for the outcome) and the traceback the ledger keeps (frames
+    and class, never the message or a frame's locals), then a line with the status, the reason
+    code and the ids."""
     if status_of(job) != TaskResultStatus.FAILED:
         return []
     # An uncertain end is uncertain whatever its reason (deleted_during_send: sent all the same).
-    cls = STATUS_ERROR_CLASSES.get(job.status) or ERROR_CLASSES.get(job.reason)
+    cls = STATUS_ERROR_CLASSES.get(job.status)
+    if cls is None and job.reason in RAISED:
+        cls = _importable(job.error_class)
+    cls = cls or ERROR_CLASSES.get(job.reason)
     found = (
         f"found g{job.found_generation}/v{job.found_version}"
         if job.found_generation is not None
@@ -73,7 +77,36 @@ def errors_of(job: Job) -> list[TaskError]:
     )
     if job.error_class:
         text += f"; the handler raised {job.error_class}"
-    return [TaskError(exception_class_path=cls or _EXC + "JobFailed", traceback=text)]
+    trace = job.error_trace if isinstance(job.error_trace, str) else ""
+    return [
+        TaskError(
+            exception_class_path=cls or _EXC + "JobFailed",
+            traceback=f"{trace}{text}" if trace else text,
+        )
+    ]
+
+
+# Failures whose error_class is what the task raised (or, out of attempts, its last error).
+RAISED = frozenset({Reason.HANDLER_ERROR, Reason.RETRIES_EXHAUSTED, Reason.TRANSACTION_BROKEN})
+_classes: dict[str, str | None] = {}
+
+
+def _importable(path: str) -> str | None:
+    """``path`` if it names an exception class that can be imported here (Django's
+    ``TaskError.exception_class`` imports it), else None: the library's class stands in (a
+    class defined in a function, or gone since)."""
+    if not path:
+        return None
+    if path not in _classes:
+        from django.utils.module_loading import import_string
+
+        try:
+            found = import_string(path)
+        except ImportError:
+            found = None
+        ok = isinstance(found, type) and issubclass(found, BaseException)
+        _classes[path] = path if ok else None
+    return _classes[path]
 
 
 def result_for(
@@ -90,7 +123,7 @@ def result_for(
         claims = claims_of(job)
     workers = [worker for worker, _ in claims]
     args, kwargs = stored(job)
-    return TaskResult(
+    result: TaskResult = TaskResult(
         task=task,
         id=str(job.pk),
         status=status or status_of(job),
@@ -104,6 +137,10 @@ def result_for(
         errors=errors_of(job),
         worker_ids=workers,
     )
+    if result.status == TaskResultStatus.SUCCESSFUL:
+        # Kept in the job's params (.running.keep_return_value): None once they are erased.
+        object.__setattr__(result, "_return_value", (job.params or {}).get("return"))
+    return result
 
 
 def first_claim(job: Job) -> bool:

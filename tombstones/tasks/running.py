@@ -45,10 +45,45 @@ def handler_for(task: TombstoneTask) -> Handler:
             task_started.send(sender=type(backend), task_result=result)
         if task.takes_context:
             context = TombstoneTaskContext(task_result=result, handler_context=ctx)
-            task.call(context, *args, **kwargs)
+            value = task.call(context, *args, **kwargs)
         else:
-            task.call(*args, **kwargs)
+            value = task.call(*args, **kwargs)
+        if value is not None:
+            keep_return_value(ctx, task, value, [*args, *kwargs.values()])
 
     made = Handler(name=name, func=run_task, external=task.external)
     _made[name] = (task.func, task.takes_context, task.external, made)
     return made
+
+
+def keep_return_value(
+    ctx: HandlerContext, task: TombstoneTask, value: Any, arguments: list[Any]
+) -> None:
+    """Store the task's return value in its job's params (``"return"``), in the job's own
+    transaction: kept with a success, erased with the params (the record's tombstone, a purge),
+    removed with the job. Refused (InvalidResult: the job fails, its writes rolled back) unless
+    it is JSON that reads back as the same value, within the params' size limit, and holds no
+    value of a personal field of the task's records."""
+    from ..exceptions import InvalidParams, InvalidResult
+    from ..jobs.validation import check_params
+    from ..records.mixin import TombstoneModel
+    from .arguments import as_json
+
+    returned = as_json(value)
+    if returned is None:
+        raise InvalidResult(
+            f"Task {task.module_path} returned a {type(value).__name__}, which is not a JSON "
+            "value: a task's return value is stored as JSON; return ids and counts."
+        )
+    job = ctx.job
+    params = {**job.params, "return": returned}
+    records: list[TombstoneModel | None] = [a for a in arguments if isinstance(a, TombstoneModel)]
+    try:
+        for record in records or [None]:
+            check_params(params, record)
+    except InvalidParams as exc:  # names a field, never a value
+        raise InvalidResult(
+            f"Task {task.module_path}'s return value cannot be kept: {exc}", field=exc.field
+        ) from None
+    job.__class__.objects.using(job._state.db).filter(pk=job.pk).update(params=params)
+    job.params = params

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,3 +154,20 @@ def ring_after_commit(outcome: Outcome, alarms: Alarms) -> None:
 def error_class(exc: BaseException) -> str:
     """An exception's dotted class: what the ledger and the logs keep of it (never its text)."""
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+# The most of a failure's trace the ledger keeps (its last frames: where it was raised).
+TRACE_MAX = 8000
+
+
+def error_trace(exc: BaseException) -> str:
+    """An exception's traceback as the ledger keeps it: each frame's file, line, function and
+    source line, and its dotted class, never its message or a frame's local values (either may
+    hold a record's personal data)."""
+    frames = traceback.StackSummary.extract(traceback.walk_tb(exc.__traceback__))
+    text = "".join(
+        ["Traceback (most recent call last):\n", *frames.format(), error_class(exc), "\n"]
+    )
+    if len(text) > TRACE_MAX:
+        text = "...\n" + text[-(TRACE_MAX - 4) :]
+    return text

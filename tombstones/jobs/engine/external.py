@@ -20,7 +20,7 @@ from ..ledger import Outcome
 from ..models import Job
 from ..registry import Handler, registered
 from .alarms import Alarms
-from .attempt import Attempt, Reason, Status, Step, error_class, record_alone
+from .attempt import Attempt, Reason, Status, Step, error_class, error_trace, record_alone
 from .check import check_all
 from .failures import log_failure, rejection, retry
 
@@ -54,13 +54,15 @@ def act_external(attempt: Attempt, *, alarms: Alarms) -> Outcome | None:
         # The handler states nothing was delivered (e.g. connection refused): safe to retry.
         ledger.clear_sending(claim, job)
         log_failure(attempt, exc, "retried")
-        return record_alone(attempt, retry(attempt, Reason.TRANSIENT, error_class(exc)), alarms)
+        transient = retry(attempt, Reason.TRANSIENT, error_class(exc), exc)
+        return record_alone(attempt, transient, alarms)
     except Exception as exc:  # noqa: BLE001 - after sending, any error leaves the outcome unknown
         log_failure(attempt, exc, "uncertain")
         unknown = attempt.end(
             Status.UNCERTAIN,
             Reason.OUTCOME_UNKNOWN,
             error_class=error_class(exc),
+            error_trace=error_trace(exc),
             erase_params=record.deleted_at is not None,
         )
         return record_alone(attempt, unknown, alarms)

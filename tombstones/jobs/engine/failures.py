@@ -13,7 +13,7 @@ from ...conf import tombstone_settings
 from ...exceptions import TransientError
 from ...records.fencing import Observation, State
 from ..ledger import Outcome
-from .attempt import Attempt, Reason, Status, error_class
+from .attempt import Attempt, Reason, Status, error_class, error_trace
 from .savepoints import in_failed_transaction
 
 logger = logging.getLogger("tombstones")
@@ -29,14 +29,14 @@ def after_error(attempt: Attempt, exc: Exception, first: BaseException | None) -
         return broke_transaction(attempt, first if first is not exc else None)
     if isinstance(exc, TRANSIENT):
         log_failure(attempt, exc, "retried")
-        return retry(attempt, Reason.TRANSIENT, error_class(exc))
+        return retry(attempt, Reason.TRANSIENT, error_class(exc), exc)
     if isinstance(exc, IntegrityError):
         # A constraint the handler broke will break again: not temporary.
         return failed(attempt, exc)
     if isinstance(exc, DatabaseError):
         # Deadlock, lock timeout, serialization failure: rolled back, retried.
         log_failure(attempt, exc, "retried")
-        return retry(attempt, Reason.TRANSIENT, error_class(exc))
+        return retry(attempt, Reason.TRANSIENT, error_class(exc), exc)
     return failed(attempt, exc)
 
 
@@ -49,6 +49,7 @@ def broke_transaction(attempt: Attempt, first: BaseException | None) -> Outcome:
         Status.FAILED,
         Reason.TRANSACTION_BROKEN,
         error_class=error_class(first) if first is not None else "",
+        error_trace=error_trace(first) if first is not None else "",
         erase_params=True,
     )
 
@@ -56,19 +57,33 @@ def broke_transaction(attempt: Attempt, first: BaseException | None) -> Outcome:
 def failed(attempt: Attempt, exc: BaseException) -> Outcome:
     log_failure(attempt, exc, "failed")
     return attempt.end(
-        Status.FAILED, Reason.HANDLER_ERROR, error_class=error_class(exc), erase_params=True
+        Status.FAILED,
+        Reason.HANDLER_ERROR,
+        error_class=error_class(exc),
+        error_trace=error_trace(exc),
+        erase_params=True,
     )
 
 
-def retry(attempt: Attempt, reason: str, error: str = "") -> Outcome:
-    """Retried after a backoff, or failed once the job was claimed TOMBSTONES_MAX_ATTEMPTS times."""
+def retry(
+    attempt: Attempt, reason: str, error: str = "", exc: BaseException | None = None
+) -> Outcome:
+    """Retried after a backoff, or failed once the job was claimed TOMBSTONES_MAX_ATTEMPTS times.
+    ``exc``: the error that made it (its trace is kept)."""
     job = attempt.job
+    trace = error_trace(exc) if exc is not None else ""
     if job.attempts >= tombstone_settings.MAX_ATTEMPTS:
         return attempt.end(
-            Status.FAILED, Reason.RETRIES_EXHAUSTED, error_class=error, erase_params=True
+            Status.FAILED,
+            Reason.RETRIES_EXHAUSTED,
+            error_class=error,
+            error_trace=trace,
+            erase_params=True,
         )
     delay = tombstone_settings.backoff(job.attempts)
-    return attempt.end(Status.RETRY_WAIT, reason, error_class=error, retry_in=delay)
+    return attempt.end(
+        Status.RETRY_WAIT, reason, error_class=error, error_trace=trace, retry_in=delay
+    )
 
 
 def rejection(attempt: Attempt, seen: Observation) -> Outcome:

@@ -52,6 +52,7 @@ class Outcome:
     reason: str = Reason.NONE
     found: Found = (None, None)
     error_class: str = ""
+    error_trace: str = ""  # a failure's frames and class, never its message or locals
     retry_in: timedelta | None = None  # retry_wait: when it becomes due again
     erase_params: bool = False  # the job ended: nothing of its params is kept (params_after)
     refund: bool = False  # the claim did not count: its attempt is given back
@@ -185,6 +186,7 @@ def _write(qs: models.QuerySet[Job], outcomes: Sequence[Outcome], db: str, **ext
         "status": _column(db, {pk: str(o.status) for pk, o in by_id.items()}),
         "reason": _column(db, {pk: str(o.reason) for pk, o in by_id.items()}),
         "error_class": _column(db, {pk: o.error_class[:200] for pk, o in by_id.items()}),
+        "error_trace": _column(db, {pk: o.error_trace for pk, o in by_id.items()}),
         "rereads": _column(db, {pk: o.job.rereads for pk, o in by_id.items()}),
         "lease_expires_at": None,
         "claim_token": "",
@@ -252,6 +254,7 @@ def _as_written(outcome: Outcome, finished_at: datetime | None) -> None:
     job = outcome.job
     job.status, job.reason = outcome.status, outcome.reason
     job.error_class = outcome.error_class[:200]
+    job.error_trace = outcome.error_trace
     job.finished_at = finished_at
     job.lease_expires_at, job.claim_token = None, ""
     if outcome.found != (None, None):
