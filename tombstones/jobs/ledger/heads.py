@@ -33,7 +33,7 @@ from django.db.models.sql import UpdateQuery
 
 from ...conf import tombstone_settings
 from .. import queries
-from ..models import Job, JobQuerySet
+from ..models import Job
 from ..states import CLAIMABLE, SUSPECT, UNFINISHED, Status
 from . import hint_floor
 
@@ -207,16 +207,43 @@ def due_lanes(limit: int, *, using: str, floor: datetime | None = None) -> int:
 def _scan(db: str, floor: datetime | None, fields: tuple[str, ...], limit: int) -> list[Any]:
     """The first ``limit`` hints that came due, oldest first (``fields`` of each, ``ready_at``
     among them), from ``floor`` on, or from the first hint when none is above it."""
-    hints: JobQuerySet = Job.objects.using(db).hinted()
-    if floor is not None:
-        hints = hints.filter(ready_at__gte=floor)
-    rows = list(hints.values_list(*fields)[:limit])
+    if floor is None:
+        rows = list(Job.objects.using(db).hinted().values_list(*fields)[:limit])
+    else:
+        # Read from the floor on, due or not (the condition "due" as a column, not a bound: see
+        # _from_floor); hints come in time order, so the due ones come first.
+        due = ExpressionWrapper(queries.hinted(), output_field=BooleanField())
+        found = (
+            Job.objects.using(db)
+            .filter(_from_floor(db, floor), ready_at__isnull=False)
+            .annotate(due=due)
+            .order_by("ready_at", "id")
+            .values_list(*fields, "due")[:limit]
+        )
+        rows = [row[:-1] for row in found if row[-1]]
     at = fields.index("ready_at")
     hint_floor.scanned(db, floor, rows[0][at] if rows else None)
     if rows or floor is None:
         return rows
-    # Nothing above the floor: perhaps a hint below it committed late (see .hint_floor).
+    # Nothing due above the floor: perhaps a hint below it committed late (see .hint_floor).
     return _scan(db, None, fields, limit)
+
+
+def _from_floor(db: str, floor: datetime) -> Q | RawSQL:
+    """``ready_at >= floor``, as an index condition the planner rates as it rates the scan from
+    the first hint (``ready_at <= now``: a third of the table). With both bounds, it rated the
+    range at 0.5% whatever it held, and with a backlog read every hint in it (a bitmap scan,
+    then a sort: 30,000 rows a claim) rather than the first few in index order. On PostgreSQL a
+    row comparison on the hint index's columns against an expression it cannot read at
+    planning: not paired with another bound, rated a third."""
+    if connections[db].vendor != "postgresql":
+        return Q(ready_at__gte=floor)
+    table = connections[db].ops.quote_name(Job._meta.db_table)
+    return RawSQL(
+        f"({table}.\"ready_at\", {table}.\"id\") >= (%s::timestamptz + '0 s'::interval, 0)",
+        (floor,),
+        output_field=BooleanField(),
+    )
 
 
 _FRONT_FIELDS = (
