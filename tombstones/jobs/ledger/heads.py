@@ -238,9 +238,10 @@ def _from_floor(db: str, floor: datetime) -> Q | RawSQL:
     planning: not paired with another bound, rated a third."""
     if connections[db].vendor != "postgresql":
         return Q(ready_at__gte=floor)
-    table = connections[db].ops.quote_name(Job._meta.db_table)
+    quote = connections[db].ops.quote_name
+    at, pk = (f"{quote(Job._meta.db_table)}.{quote(name)}" for name in ("ready_at", "id"))
     return RawSQL(
-        f"({table}.\"ready_at\", {table}.\"id\") >= (%s::timestamptz + '0 s'::interval, 0)",
+        f"({at}, {pk}) >= (%s::timestamptz + '0 s'::interval, 0)",
         (floor,),
         output_field=BooleanField(),
     )
