@@ -137,11 +137,13 @@ def test_floor__a_hint_written_below_it_runs_when_the_scan_finds_nothing_above(
     assert _taken(again) == [late.pk]
 
 
-def test_floor__a_claim_that_takes_nothing_above_it_looks_from_the_first_hint(
+def test_floor__after_a_claim_that_takes_nothing_above_it_the_next_looks_from_the_first_hint(
     db: None, touch: None
 ) -> None:
     """Above the floor, only the hint of a lane its running head holds; below it, a hint that
-    committed late: the claim takes the late job, not nothing."""
+    committed late. The claim looks at the held lane and takes nothing (clearing that hint); the
+    next claim (a pump's look once more before it stops) finds nothing above the floor and
+    takes the late job."""
     from tests.jobkit import claim
 
     first = tombstones.enqueue("t.touch", CustomerFactory())
@@ -155,6 +157,7 @@ def test_floor__a_claim_that_takes_nothing_above_it_looks_from_the_first_hint(
     late = tombstones.enqueue("t.touch", CustomerFactory())
     Job.objects.filter(pk=late.pk).update(ready_at=F("ready_at") - timedelta(hours=1))
 
+    assert ledger.claim(5, using="default") is None
     assert _taken(ledger.claim(5, using="default")) == [late.pk]
 
 

@@ -142,10 +142,8 @@ def claim(
     None when nothing is due.
     """
     db = using or router.db_for_write(Job)
-    # Hints are read from this process's floor on; a claim that takes nothing there looks
-    # again from the first hint (a hint written earlier and committed late: see .hint_floor).
+    # Hints are read from this process's floor on (see .hint_floor).
     floor = hint_floor.current(db) if ids is None else None
-    wholes = hint_floor.wholes(db)
     seen = None
     size = limit
     if not whole and ids is None and workers > 1:
@@ -156,23 +154,19 @@ def claim(
     token, wid = uuid.uuid4().hex, worker_id()
     sent = time.monotonic()  # the lease is taken after this moment
     scan = min(size * (max(workers, 1) + 1), heads.MAX_LANES)
-    while True:
-        for _ in range(_LOOKS):
-            try:
-                with transaction.atomic(using=db):
-                    taken, picked, more = _take(
-                        db, size, scan, token, wid, whole=whole, ids=ids, floor=floor
-                    )
-            except IntegrityError:
-                # The unique running-lane index refused a second running job of a lane (a lane
-                # without a row of its own, read by two claims at once): nothing was taken.
-                return Claim(token, wid, db, [], unclaimed=1, workers=workers)
-            if taken or not more or not picked.clear:
-                break
-            # Every lane looked at was held: the hints behind them may name free ones.
-        if taken or floor is None or hint_floor.wholes(db) != wholes:
-            break  # (a scan found no hint above the floor, and read from the first one)
-        floor = None  # hints above it, none taken: from the first hint once more
+    for _ in range(_LOOKS):
+        try:
+            with transaction.atomic(using=db):
+                taken, picked, more = _take(
+                    db, size, scan, token, wid, whole=whole, ids=ids, floor=floor
+                )
+        except IntegrityError:
+            # The unique running-lane index refused a second running job of a lane (a lane
+            # without a row of its own, read by two claims at once): nothing was taken.
+            return Claim(token, wid, db, [], unclaimed=1, workers=workers)
+        if taken or not more or not picked.clear:
+            break
+        # Every lane looked at was held: the hints behind them may name free ones.
     if not taken:
         return None
     found = [job for job in taken if job.status == Status.RUNNING]

@@ -9,10 +9,11 @@ the end of a one-minute pin, and the drain halved (bench/horizon.py, issue 35).
 So a process starts its scans at its floor: the first hint its last scan read, less
 :data:`MARGIN`, for the transactions that wrote an earlier time (their start: ``NOW()``) and
 commit after the scan. A hint older than the floor still comes to light: a scan from the first
-hint runs at least every :data:`WHOLE_EVERY` seconds, whenever a scan finds no hint above the
-floor, and whenever a claim above the floor takes nothing (:func:`..claims.claim`). The floor
-picks which lanes are looked at first, never what is taken from a lane, so order is not at stake
-here, only when: at most a second later.
+hint runs at least every :data:`WHOLE_EVERY` seconds, and whenever a scan finds no hint due
+above the floor. (A claim that takes nothing clears the hints it looked at, so the pump's look
+once more before it stops, or the timer's next claim, reads from the first hint.) The floor picks
+which lanes are looked at first, never what is taken from a lane, so order is not at stake here,
+only when: at most a second later.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ WHOLE_EVERY = 1.0  # seconds between scans from the first hint, at most, in a bu
 class _Floor:
     at: datetime | None = None  # no live hint below this, as this process last read them
     whole_at: float = -float("inf")  # when it last scanned from the first hint (monotonic)
-    wholes: int = 0  # how many scans from the first hint it made
 
 
 _floors: dict[str, _Floor] = {}
@@ -51,16 +51,8 @@ def scanned(db: str, floor: datetime | None, first: datetime | None) -> None:
     state = _floors.setdefault(db, _Floor())
     if floor is None:
         state.whole_at = monotonic()
-        state.wholes += 1
     if first is not None:
         state.at = first - MARGIN
-
-
-def wholes(db: str) -> int:
-    """How many scans of ``db``'s hints from the first hint this process made (a claim that
-    made one needs no other)."""
-    floor = _floors.get(db)
-    return 0 if floor is None else floor.wholes
 
 
 def forget() -> None:
