@@ -112,10 +112,10 @@ def look_queryset(floor: Any = None) -> Any:
     from tombstones.models import Job
 
     scan = min(tombstone_settings.BATCH_SIZE * 2, heads.MAX_LANES)
-    hints = Job.objects.hinted()
+    fields = ("lane", "id", "ready_at", "status")
     if floor is not None:
-        hints = hints.filter(ready_at__gte=floor)
-    return hints.values_list("lane", "id", "ready_at", "status")[:scan]
+        return heads.hints_from("default", floor, fields)[:scan]
+    return Job.objects.hinted().values_list(*fields)[:scan]
 
 
 def floor_look() -> tuple[str, Any]:

@@ -210,23 +210,27 @@ def _scan(db: str, floor: datetime | None, fields: tuple[str, ...], limit: int) 
     if floor is None:
         rows = list(Job.objects.using(db).hinted().values_list(*fields)[:limit])
     else:
-        # Read from the floor on, due or not (the condition "due" as a column, not a bound: see
-        # _from_floor); hints come in time order, so the due ones come first.
-        due = ExpressionWrapper(queries.hinted(), output_field=BooleanField())
-        found = (
-            Job.objects.using(db)
-            .filter(_from_floor(db, floor), ready_at__isnull=False)
-            .annotate(due=due)
-            .order_by("ready_at", "id")
-            .values_list(*fields, "due")[:limit]
-        )
-        rows = [row[:-1] for row in found if row[-1]]
+        rows = [row[:-1] for row in hints_from(db, floor, fields)[:limit] if row[-1]]
     at = fields.index("ready_at")
     hint_floor.scanned(db, floor, rows[0][at] if rows else None)
     if rows or floor is None:
         return rows
     # Nothing due above the floor: perhaps a hint below it committed late (see .hint_floor).
     return _scan(db, None, fields, limit)
+
+
+def hints_from(db: str, floor: datetime, fields: Sequence[str]) -> Any:
+    """The hints from ``floor`` on, due or not, oldest first: ``fields`` of each and whether it
+    is due (the condition "due" as a column, not a bound: see :func:`_from_floor`). Hints come
+    in time order, so the due ones come first."""
+    due = ExpressionWrapper(queries.hinted(), output_field=BooleanField())
+    return (
+        Job.objects.using(db)
+        .filter(_from_floor(db, floor), ready_at__isnull=False)
+        .annotate(due=due)
+        .order_by("ready_at", "id")
+        .values_list(*fields, "due")
+    )
 
 
 def _from_floor(db: str, floor: datetime) -> Q | RawSQL:
