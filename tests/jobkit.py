@@ -163,3 +163,22 @@ def rollup_counts() -> dict[tuple[Any, str, str], int]:
     ):
         counts[period, status, reason] = counts.get((period, status, reason), 0) + n
     return counts
+
+
+def seed_queued(n: int, prefix: str = "backlog", hinted_at: str = "NOW()") -> None:
+    """``n`` queued jobs of their own lanes (``prefix:1`` ...), hinted as an enqueue leaves them
+    or at ``hinted_at`` (an SQL expression of ``g``, the job's number): SQL, fast. PostgreSQL."""
+    from django.contrib.contenttypes.models import ContentType
+
+    from project.customers.models import Customer
+
+    ct = ContentType.objects.get_for_model(Customer).pk
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tombstones_job (handler, content_type_id, object_id, generation, version, "
+            "lane, status, reason, error_class, params, attempts, rereads, external, owner, "
+            "claim_token, ready_at) SELECT 'bench.touch', %s, g::text, 1, 1, %s || ':' || g, "
+            f"'queued', '', '', '{{}}'::jsonb, 0, 0, false, '', '', {hinted_at} "
+            "FROM generate_series(1, %s) AS g",
+            [ct, prefix, n],
+        )

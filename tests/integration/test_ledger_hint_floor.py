@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 import tombstones
 from tests.factories import CustomerFactory
-from tests.jobkit import temp_handler
+from tests.jobkit import seed_queued, temp_handler
 from tombstones.jobs import ledger
 from tombstones.jobs.ledger import hint_floor
 from tombstones.models import Job
@@ -58,28 +58,12 @@ def _blocks(sql: str) -> int:
     return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
 
 
-def _seed_cleared(n: int) -> None:
-    """``n`` jobs of the last hour, hinted as an enqueue leaves them (SQL: fast)."""
-    from django.contrib.contenttypes.models import ContentType
-
-    from project.customers.models import Customer
-
-    ct = ContentType.objects.get_for_model(Customer).pk
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO tombstones_job (handler, content_type_id, object_id, generation, "
-            "version, lane, status, reason, error_class, params, attempts, rereads, external, "
-            "owner, claim_token, ready_at) SELECT 't.touch', %s, g::text, 1, 1, 'old:' || g, "
-            "'queued', '', '', '{}'::jsonb, 0, 0, false, '', '', "
-            "NOW() - INTERVAL '1 hour' + g * INTERVAL '100 ms' FROM generate_series(1, %s) g",
-            [ct, n],
-        )
-
-
 def test_pinned_horizon__the_claim_does_not_step_over_the_hints_cleared_under_the_pin(
     transactional_db: None, touch: None, postgres_only: None
 ) -> None:
-    _seed_cleared(CLEARED)
+    seed_queued(
+        CLEARED, prefix="old", hinted_at="NOW() - INTERVAL '1 hour' + g * INTERVAL '100 ms'"
+    )
     settings = connection.settings_dict
     pin = psycopg.connect(
         host=settings["HOST"] or None,

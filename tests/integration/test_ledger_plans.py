@@ -16,7 +16,7 @@ import tombstones
 from bench.ledger import seed_finished
 from project.customers.models import Customer
 from tests.factories import SheetRowFactory
-from tests.jobkit import run
+from tests.jobkit import run, seed_queued
 from tombstones.jobs.engine.sweep import sweep
 
 pytestmark = pytest.mark.django_db
@@ -92,21 +92,6 @@ BACKLOG = 30_000
 READ_AT_MOST = 1_000
 
 
-def seed_queued(n: int, prefix: str = "backlog") -> None:
-    """``n`` queued jobs of their own lanes, hinted as an enqueue leaves them (SQL: fast)."""
-    from django.contrib.contenttypes.models import ContentType
-
-    ct = ContentType.objects.get_for_model(Customer).pk
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO tombstones_job (handler, content_type_id, object_id, generation, version, "
-            "lane, status, reason, error_class, params, attempts, rereads, external, owner, "
-            "claim_token) SELECT 'bench.touch', %s, g::text, 1, 1, %s || ':' || g, 'queued', "
-            "'', '', '{}'::jsonb, 0, 0, false, '', '' FROM generate_series(1, %s) AS g",
-            [ct, prefix, n],
-        )
-
-
 def rows_read(plan: dict[str, Any]) -> int:
     """Rows the plan's scans of the job table read (returned or filtered out, every loop)."""
     found = 0
@@ -117,6 +102,22 @@ def rows_read(plan: dict[str, Any]) -> int:
     for child in plan.get("Plans", []):
         found += rows_read(child)
     return found
+
+
+def rows_read_by(statements: list[str]) -> list[tuple[int, str]]:
+    """Rows each statement reads from the job table (run under EXPLAIN ANALYZE, each rolled
+    back to a savepoint: as the state was before it), with its start."""
+    from django.db import transaction
+
+    read = []
+    with connection.cursor() as cursor:
+        for sql in statements:
+            undo = _savepoint()
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+            (plan,) = cursor.fetchone()[0]
+            transaction.savepoint_rollback(undo)
+            read.append((rows_read(plan["Plan"]), sql[:300]))
+    return read
 
 
 def test_plans__timers_sweep_and_take_back_read_the_work_not_the_backlog(
@@ -148,18 +149,14 @@ def test_plans__timers_sweep_and_take_back_read_the_work_not_the_backlog(
         counts = sweep(dispatch=False)
     transaction.savepoint_rollback(undo)
     assert (counts["requeued"], counts["resumed"]) == (2, 1)  # it did the work
-    read = []
-    with connection.cursor() as cursor:
-        for query in captured.captured_queries:
-            sql = query["sql"]
-            verb = sql.lstrip().split(None, 1)[0].upper()
-            if verb not in ("SELECT", "UPDATE", "DELETE", "WITH") or not TABLES.search(sql):
-                continue
-            undo = _savepoint()  # as the state was before the sweep changed it
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-            (plan,) = cursor.fetchone()[0]
-            transaction.savepoint_rollback(undo)
-            read.append((rows_read(plan["Plan"]), sql[:300]))
+    read = rows_read_by(
+        [
+            q["sql"]
+            for q in captured.captured_queries
+            if q["sql"].lstrip().split(None, 1)[0].upper() in ("SELECT", "UPDATE", "DELETE", "WITH")
+            and TABLES.search(q["sql"])
+        ]
+    )
     assert len(read) >= 5, read
     assert [r for r in read if r[0] > READ_AT_MOST] == [], read
 
@@ -170,7 +167,6 @@ def test_plans__a_claim_finds_its_jobs_by_id_before_any_statistics(postgres_only
     whatever the planner believes of the table. Joined to an unnest of ids, the take and the
     hints' UPDATE scanned the whole table once per claim (seen in a 20,000-job drain: 45 scans a
     second of 20,000 rows each, half the drain's speed)."""
-    from django.db import transaction
 
     from tombstones.jobs import ledger
 
@@ -194,14 +190,7 @@ def test_plans__a_claim_finds_its_jobs_by_id_before_any_statistics(postgres_only
         if q["sql"].startswith(("SELECT j.id", "UPDATE")) and TABLES.search(q["sql"])
     ]
     assert len(named) >= 2, named  # the lock and the take (settling hints: none left here)
-    read = []
-    with connection.cursor() as cursor:
-        for sql in named:
-            undo = _savepoint()
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-            (plan,) = cursor.fetchone()[0]
-            transaction.savepoint_rollback(undo)
-            read.append((rows_read(plan["Plan"]), sql[:200]))
+    read = rows_read_by(named)
     # (An index scan with no index condition reads the whole index: as bad as a table scan.)
     assert [r for r in read if r[0] > READ_AT_MOST] == [], read
 
@@ -213,7 +202,6 @@ def test_plans__a_claim_from_its_floor_reads_the_first_hints_not_the_backlog(
     AND ready_at <= now``, PostgreSQL rated the range at 0.5% of the table and, with a backlog
     queued since its last statistics, read every hint in it (a bitmap scan and a sort: 30,000
     rows a claim), not the first few in the hint index's order."""
-    from django.db import transaction
 
     from tombstones.jobs import ledger
 
@@ -232,14 +220,7 @@ def test_plans__a_claim_from_its_floor_reads_the_first_hints_not_the_backlog(
     read_at = '"tombstones_job"."ready_at" AS "ready_at"'  # the scan's, not the lanes' read
     scans = [q["sql"] for q in captured.captured_queries if read_at in q["sql"]]
     assert len(scans) == 1, [q["sql"][:200] for q in captured.captured_queries]
-    read = []
-    with connection.cursor() as cursor:
-        for sql in scans:
-            undo = _savepoint()
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-            (plan,) = cursor.fetchone()[0]
-            transaction.savepoint_rollback(undo)
-            read.append((rows_read(plan["Plan"]), sql[:300]))
+    read = rows_read_by(scans)
     assert [r for r in read if r[0] > READ_AT_MOST] == [], read
 
 
