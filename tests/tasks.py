@@ -81,7 +81,47 @@ def broken_personally(customer: Customer) -> None:
 
 @task
 def no_record(number: int) -> None:
-    """No record argument: refused at enqueue."""
+    """No record argument: a plain job."""
+
+
+# --- plain tasks: no record, no fence, a lane each ------------------------------------------------
+
+
+@task
+def digest(user_id: int, period: str = "week") -> dict[str, Any]:
+    """A plain task: an id and an option; what it returns is kept."""
+    seen.append({"user_id": user_id, "period": period})
+    return {"sent_to": user_id, "period": period}
+
+
+@task
+def ping() -> str:
+    """No argument at all."""
+    return "pong"
+
+
+@task(takes_context=True)
+def plain_context(context: Any, number: int) -> None:
+    """A plain task's context: no record; the fenced writes refuse (NoRecord)."""
+    seen.append({"record": context.record, "attempt": context.attempt, "id": context.job.pk})
+    if number < 0:
+        context.update(phone="+9")
+
+
+@with_options(takes_context=True, external=True)
+def plain_call_out(context: Any, number: int) -> None:
+    """External and plain: sent once; an error after sending leaves it uncertain."""
+    from tombstones.models import Job
+
+    sending = Job.objects.values_list("sending_at", flat=True).get(pk=context.job.pk)
+    seen.append({"key": context.idempotency_key, "sending": sending})
+    if number < 0:
+        raise ConnectionResetError("the other side hung up")
+
+
+@with_options(fence="customer")
+def fenced_by_name(customer, note: str = "") -> None:  # type: ignore[no-untyped-def]
+    """Fenced by its fence named (no annotation): a call without the record is refused."""
 
 
 @with_options(takes_context=True, external=True)

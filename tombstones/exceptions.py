@@ -121,7 +121,12 @@ class InvalidResult(InvalidParams):
 
 
 class UnfencedTask(MissingFence, TypeError):
-    """A task of TombstoneBackend needs the record it is for among its arguments."""
+    """This task is fenced (a fence named, or a parameter typed as a TombstoneModel): it needs
+    the record it is for among its arguments, not its pk."""
+
+
+class NoRecord(UnfencedWrite, TypeError):
+    """A plain task runs for no record: it has no fenced write (update, write) to make."""
 
 
 # How a job that did not succeed reads as a TaskResult's error (tombstones.tasks): the classes

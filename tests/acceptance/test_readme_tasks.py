@@ -108,6 +108,18 @@ except Exception as exc:
 """
 
 
+# Step 6: a fenced task called with a pk is refused, never a plain job.
+BY_PK = """
+from customers.models import Customer
+from customers.tasks import refresh_sheet_row
+
+try:
+    refresh_sheet_row.enqueue(Customer.objects.get(reference="C-5").pk)
+except TypeError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
 def printed(out: str) -> str:
     """What a README command printed itself."""
     return AUTO_IMPORTS.sub("", out, count=1)
@@ -144,8 +156,8 @@ def test_readme_tasks__a_django_task_runs_then_is_rejected_for_a_deleted_custome
         block(blocks, "settings", "python"),
         block(blocks, "tasks-settings", "python"),
     ]
-    module = (
-        block(blocks, "tasks-module", "python") + "\n\n\n" + block(blocks, "tasks-more", "python")
+    module = "\n\n\n".join(
+        block(blocks, name, "python") for name in ("tasks-module", "tasks-more", "tasks-plain")
     )
     assert DJANGO_TASK_IMPORT in module.splitlines()
     if major < 6:
@@ -214,3 +226,15 @@ def test_readme_tasks__a_django_task_runs_then_is_rejected_for_a_deleted_custome
         refused = printed(site.shell(UNFENCED)).strip()
         assert refused.startswith("UnfencedTask Task customers.tasks.refresh_sheet_row was ")
         assert "several records" in refused, refused
+
+        # 6. A plain task: no record, a lane of its own; its pk mistake refused.
+        plain = printed(site.sh(block(blocks, "tasks-plain-run", "sh")).stdout)
+        assert plain == block(blocks, "tasks-plain-enqueued", "text") + "\n", plain
+        wait_for_output(
+            site,
+            block(blocks, "tasks-plain-result", "sh"),
+            block(blocks, "tasks-plain-succeeded", "text"),
+            log,
+        )
+        mistaken = printed(site.shell(BY_PK)).strip()
+        assert mistaken.startswith("UnfencedTask Task customers.tasks.refresh_sheet_row is fenced")

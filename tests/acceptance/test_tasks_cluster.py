@@ -356,6 +356,47 @@ def test_tasks_cluster__result_statuses_as_the_web_side_sees_them(tmp_path: Path
     assert not Task.objects.filter(func="tombstones.worker.run", success=False).exists()
 
 
+@pytest.mark.usefixtures("postgres_only")
+def test_tasks_cluster__plain_tasks_run_beside_a_held_lane(tmp_path: Path) -> None:
+    """Tasks for no record run on the same cluster, each in a lane of its own: they finish while
+    a record's task is held inside its worker and the task behind it in its lane still waits.
+    (PostgreSQL: on SQLite the held task's transaction holds the one write lock.)"""
+    signal, release = tmp_path / "reached", tmp_path / "release"
+    customer = CustomerFactory()
+    with broker_cluster(2):
+        running = tasks.held.enqueue(customer, str(signal), str(release))
+        behind = tasks.touch.enqueue(customer)
+        wait_for(signal.exists)
+        plain = [
+            tasks.digest.enqueue(41, period="day"),
+            tasks.ping.enqueue(),
+            tasks.plain_call_out.enqueue(1),
+            tasks.plain_context.enqueue(-1),  # its fenced write refuses: NoRecord
+        ]
+        wait_for(lambda: _done(*plain), timeout=60)
+        # All four ended while the record's lane stayed held.
+        assert _job(running).status == Status.RUNNING
+        assert _job(behind).status == Status.QUEUED
+        release.write_text("go")
+        wait_for(lambda: _done(running, behind), timeout=60)
+
+    backend = tasks.digest.get_backend()
+    digest, ping, call_out, refused = (backend.get_result(r.id) for r in plain)
+    assert (digest.status, digest.return_value) == (SUCCESSFUL, {"sent_to": 41, "period": "day"})
+    assert (ping.status, ping.return_value) == (SUCCESSFUL, "pong")
+    assert call_out.status == SUCCESSFUL
+    trail = [e.event for e in JobEvent.objects.filter(job_id=call_out.id)]
+    assert trail[-3:] == ["sending", "sent", "succeeded"]
+    assert refused.status == FAILED
+    assert refused.errors[-1].exception_class_path == EXC + "NoRecord"
+    for result in plain:
+        job = _job(result)
+        assert job.is_plain
+        assert job.lane.startswith("plain:")
+        assert job.owner  # a cluster worker ran it
+    assert _job(behind).started_at >= _job(running).finished_at
+
+
 # --- 4. no personal data ---------------------------------------------------------------------
 
 # A distinctive value in each personal field of the customer.

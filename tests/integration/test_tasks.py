@@ -194,9 +194,11 @@ def test_signals__a_refused_enqueue_announces_nothing(
 # --- refusals -----------------------------------------------------------------------------------
 
 
-def test_refused__a_call_without_a_record(customer: Customer) -> None:
-    with pytest.raises(UnfencedTask, match="without a TombstoneModel instance"):
-        tasks.no_record.enqueue(customer.pk)
+def test_refused__a_call_of_a_fenced_task_without_its_record(customer: Customer) -> None:
+    """Its parameter is typed as a TombstoneModel: a pk passed by mistake is refused, never run
+    as a plain job (a task whose call passes no record: test_tasks_plain)."""
+    with pytest.raises(UnfencedTask, match=r"fenced on 'customer'.*not its pk"):
+        tasks.touch.enqueue(customer.pk)
     assert not Job.objects.exists()
 
 
@@ -263,7 +265,7 @@ def test_refused__every_argument_refusal_is_a_type_error_as_djangos_own(
         lambda: tasks.sync_sheet.enqueue(customer, note=datetime(2031, 7, 9)),  # not JSON
         lambda: tasks.sync_sheet.enqueue(customer, note=f"for {PLANTED}"),  # a personal value
         lambda: tasks.pair.enqueue(customer, group),  # a model that is no TombstoneModel
-        lambda: tasks.no_record.enqueue(customer.pk),  # no record
+        lambda: tasks.touch.enqueue(customer.pk),  # a fenced task without its record
     ]
     for call in calls:
         with pytest.raises(TypeError):
@@ -275,10 +277,6 @@ def _plain(customer: Customer) -> None:
     """A module-level function for the definition checks below."""
 
 
-def _nothing() -> None:
-    """Takes no argument."""
-
-
 async def _coroutine(customer: Customer) -> None:
     """Async."""
 
@@ -287,7 +285,6 @@ async def _coroutine(customer: Customer) -> None:
     ("func", "options", "message"),
     [
         (_plain, {"fence": "nope"}, "fenced on 'nope', which is not one of"),
-        (_nothing, {}, "takes no argument"),
         (_plain, {"queue_name": "emails"}, "Queue 'emails'"),
         (_plain, {"priority": 5}, "priority"),
     ],

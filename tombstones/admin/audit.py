@@ -98,12 +98,20 @@ def generation_version(generation: int | None, version: int | None) -> str:
     return f"g{g}/v{v}"
 
 
-def timeline_url(content_type_id: int, object_id: str) -> str:
-    """The record timeline (URL name ``admin:tombstones_job_timeline``)."""
+def timeline_url(content_type_id: int | None, object_id: str) -> str:
+    """The record timeline (URL name ``admin:tombstones_job_timeline``); "" for a plain job."""
+    if content_type_id is None:
+        return ""
     return reverse("admin:tombstones_job_timeline", args=(content_type_id, object_id))
 
 
+# What the record column says of a plain job (a task for no record: no fence, no lane).
+PLAIN = gettext_lazy("none: a plain task")
+
+
 def _record_link(obj: Job | JobEvent) -> str:
+    if obj.content_type_id is None:
+        return format_html('<span class="tg-note tg-plain">{}</span>', PLAIN)
     # The reference may wrap after its dot in a narrow column.
     url = timeline_url(obj.content_type_id, obj.object_id)
     return format_html('<a href="{}">{}</a>', url, breakable(record_ref(obj)))

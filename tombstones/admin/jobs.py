@@ -26,6 +26,7 @@ from ..jobs import staff_actions
 from ..jobs.models import Dashboard, Job
 from . import dashboard, timeline
 from .audit import (
+    PLAIN,
     AuditColumns,
     ReadOnlyAdmin,
     breakable,
@@ -123,6 +124,8 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
 
     @admin.display(description=gettext_lazy("record"), ordering="object_id")
     def record_snapshot(self, obj: Job) -> str:
+        if obj.is_plain:
+            return format_html('<span class="tg-note tg-plain">{}</span>', PLAIN)
         # The reference may wrap after its dot (a narrow column); the snapshot under it.
         return format_html(
             '<a href="{}">{}</a><br><span class="tg-note">{}</span>',
@@ -185,7 +188,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
                 for a in self.allowed_actions(request, job)
             ]
             extra["timeline_url"] = timeline_url(job.content_type_id, job.object_id)
-            extra["record_ref"] = record_ref(job)
+            extra["record_ref"] = PLAIN if job.is_plain else record_ref(job)
         return super().change_view(request, object_id, form_url, extra)
 
     def action_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
@@ -233,7 +236,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
             "title": _("%(action)s: job %(job)s") % {"action": staff_action.title, "job": job.pk},
             "opts": self.opts,
             "job": job,
-            "record_ref": record_ref(job),
+            "record_ref": PLAIN if job.is_plain else record_ref(job),
             "action": staff_action,
             "possible": possible,
             "job_url": job_url,

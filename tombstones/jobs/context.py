@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
+from ..exceptions import NoRecord
 from ..records import fencing
 from ..records.fencing import Fence
 
@@ -18,7 +19,8 @@ class HandlerContext:
     """Passed to every handler.
 
     ``record`` is the handler's own copy of the record as checked, live at the job's generation,
-    or as the jobs before it in its group left it (their updates carried forward). The
+    or as the jobs before it in its group left it (their updates carried forward); None for a
+    plain job (a task for no record), whose ``update`` and ``write`` raise NoRecord. The
     check holds no lock: ``update`` and ``write`` fence every statement on that record being
     live at that (generation, version), and hold it from the write to the commit (``update``'s
     own row lock; ``write`` a share lock on PostgreSQL; SQLite's write lock). A delete or an edit
@@ -49,6 +51,8 @@ class HandlerContext:
 
     @property
     def _fence(self) -> Fence:
+        if self.record is None:
+            raise NoRecord(f"Job {self.job.pk} is a plain job: it has no record to write.")
         return Fence.of(self.record)
 
     def update(self, **fields: Any) -> int:

@@ -3,6 +3,7 @@ caller's transaction, then wake a worker once it commits."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -11,11 +12,11 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import connections, models, router, transaction
 
 from .ledger import insert_job, insert_jobs
-from .models import Job
-from .validation import check_enqueue
+from .models import PLAIN_LANE_PREFIX, Job
+from .validation import check_enqueue, check_plain_enqueue
 from .wakeups import wake, wake_soon
 
-__all__ = ["default_lane", "enqueue", "enqueue_many", "wake", "wake_soon"]
+__all__ = ["default_lane", "enqueue", "enqueue_many", "enqueue_plain", "wake", "wake_soon"]
 
 
 def default_lane(record: models.Model) -> str:
@@ -56,6 +57,39 @@ def enqueue(
     )
     wake_after_commit(db, job.pk)
     return job
+
+
+def enqueue_plain(
+    handler: str,
+    *,
+    params: dict[str, Any] | None = None,
+    run_after: datetime | None = None,
+    using: str | None = None,
+) -> Job:
+    """Queue a plain job: for no record, so no fence, and a lane of its own (it runs in
+    parallel with every other job); the same leases, retries, retention and privacy rules.
+    Its handler must run plain jobs (a task's does); MissingFence otherwise."""
+    found, clean = check_plain_enqueue(handler, params=params, run_after=run_after)
+    db = using or router.db_for_write(Job)
+    job = insert_job(
+        db,
+        handler=found.name,
+        content_type=None,
+        object_id="",
+        generation=None,
+        version=None,
+        lane=plain_lane(),
+        params=clean,
+        external=found.external,
+        run_after=run_after,
+    )
+    wake_after_commit(db, job.pk)
+    return job
+
+
+def plain_lane() -> str:
+    """A plain job's lane: its own (no other job shares it, so nothing waits on it)."""
+    return f"{PLAIN_LANE_PREFIX}{uuid.uuid4().hex}"
 
 
 def wake_after_commit(db: str, job_id: int) -> None:

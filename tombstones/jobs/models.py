@@ -15,6 +15,9 @@ from .states import CLAIMABLE, HOLDING, QUEUED, RUNNING, SUSPECT, UNFINISHED, WA
 
 __all__ = ["Dashboard", "Job", "JobEvent", "Lane", "OutcomeRollup", "Rejection"]
 
+# The lanes of plain jobs (tasks for no record): one lane each, never locked (ledger.lanes).
+PLAIN_LANE_PREFIX = "plain:"
+
 
 class JobQuerySet(models.QuerySet["Job"]):
     """The job table's questions, by name (the conditions are :mod:`.queries`')."""
@@ -138,10 +141,17 @@ class Job(models.Model):
     # Looked up as (content_type, object_id): the record index below, never alone. Every index
     # of this table is written by each of a job's three UPDATEs (status is indexed, so none is
     # HOT): the engine's own are partial, over unfinished jobs, so finished ones cost it nothing.
+    # None for a plain job (a task that names no record): no fence, a lane of its own.
     content_type = models.ForeignKey(
-        ContentType, on_delete=models.PROTECT, related_name="+", db_index=False
+        ContentType,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+        null=True,
+        blank=True,
+        help_text="The record's model; empty for a plain job (no record, no fence).",
     )
-    object_id = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64, blank=True)
     generation = models.PositiveIntegerField(null=True, help_text="Snapshot at enqueue.")
     version = models.PositiveIntegerField(null=True, help_text="Snapshot at enqueue.")
     lane = models.CharField(
@@ -274,8 +284,13 @@ class Job(models.Model):
 
     @property
     def record_ref(self) -> str:
-        """``app_label.model:pk`` — ids only, never field values."""
-        return f"{self.content_type.app_label}.{self.content_type.model}:{self.object_id}"
+        """``app_label.model:pk`` — ids only, never field values ("-" for a plain job)."""
+        return ref_of(self.content_type, self.object_id)
+
+    @property
+    def is_plain(self) -> bool:
+        """A job for no record (a plain task): no fence, a lane of its own, never rejected."""
+        return self.content_type_id is None
 
     @property
     def idempotency_key(self) -> str:
@@ -306,12 +321,10 @@ class Job(models.Model):
     @property
     def trail_in_row(self) -> bool:
         """Its row holds its last claim's events (:meth:`row_events`): none was stored."""
-        return (
-            self.status == states.Status.SUCCEEDED
-            and not self.external
-            and self.started_at is not None
-            and self.checked_version is not None
-        )
+        if self.status != states.Status.SUCCEEDED or self.external or self.started_at is None:
+            return False
+        # A plain job checks no record: its first claim's success is the mark.
+        return self.attempts == 1 if self.is_plain else self.checked_version is not None
 
     def row_events(self) -> list[JobEvent]:
         """The (unsaved) events a job's row stands for when it has none stored.
@@ -337,9 +350,14 @@ class Job(models.Model):
         checked = {"found_generation": self.generation, "found_version": self.checked_version}
         found = {"found_generation": self.found_generation, "found_version": self.found_version}
         Event = states.Event
+        check = (
+            []
+            if self.is_plain
+            else [JobEvent(event=Event.CHECKED, created_at=started, **common, **checked)]
+        )
         return [
             JobEvent(event=Event.CLAIMED, created_at=started, **common),
-            JobEvent(event=Event.CHECKED, created_at=started, **common, **checked),
+            *check,
             JobEvent(
                 event=Event.SUCCEEDED,
                 created_at=self.finished_at or started,
@@ -355,8 +373,11 @@ class JobEvent(models.Model):
     Event = states.Event
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
-    content_type = models.ForeignKey(ContentType, on_delete=models.PROTECT, related_name="+")
-    object_id = models.CharField(max_length=64)
+    # None for a plain job's events (see Job.content_type).
+    content_type = models.ForeignKey(
+        ContentType, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    object_id = models.CharField(max_length=64, blank=True)
     event = models.CharField(max_length=16, choices=Event)
     reason = models.CharField(max_length=32, choices=Job.Reason, default="", blank=True)
     expected_generation = models.PositiveIntegerField(null=True, blank=True)
@@ -389,7 +410,14 @@ class JobEvent(models.Model):
 
     @property
     def record_ref(self) -> str:
-        return f"{self.content_type.app_label}.{self.content_type.model}:{self.object_id}"
+        return ref_of(self.content_type, self.object_id)
+
+
+def ref_of(content_type: ContentType | None, object_id: str) -> str:
+    """``app_label.model:pk``, or "-" for no record (a plain job)."""
+    if content_type is None:
+        return "-"
+    return f"{content_type.app_label}.{content_type.model}:{object_id}"
 
 
 def with_row_events(jobs: list[Job], stored: Any) -> list[JobEvent]:

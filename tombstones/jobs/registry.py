@@ -27,6 +27,9 @@ class Handler:
     func: HandlerFunc
     external: bool = False
     accepts_tombstones: bool = False
+    # Runs jobs for no record too (a task's handler: its plain calls). A plain job of any other
+    # handler is escalated (missing_fence): it was written without the record it needs.
+    plain: bool = False
 
 
 _registry: dict[str, Handler] = {}

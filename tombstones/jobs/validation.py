@@ -28,6 +28,7 @@ from ..exceptions import (
 )
 from ..records.mixin import TombstoneModel
 from ..records.options import PROTECTED_FIELDS, get_options
+from .models import PLAIN_LANE_PREFIX
 from .registry import Handler, get_handler
 
 # Deeper params are refused: ids and options are flat, and a bounded depth keeps every walk
@@ -83,6 +84,20 @@ def check_enqueue(
     return Checked(found, pk, generation, version, clean)
 
 
+def check_plain_enqueue(handler: str, *, params: Any, run_after: Any) -> tuple[Handler, dict]:
+    """Check what enqueue_plain() is given: a handler that runs plain jobs, the params (no
+    record: the size, the types and the text checks only), run_after."""
+    found = get_handler(handler)
+    if not found.plain:
+        raise MissingFence(
+            f"Handler {handler!r} acts on a record: enqueue its jobs with enqueue(handler, "
+            "record); only a handler registered to run plain jobs (a task's) runs for none."
+        )
+    if run_after is not None:
+        check_run_after(run_after)
+    return found, check_params(params, None, plain=True)
+
+
 def check_record(record: Any, *, accepts_tombstones: bool) -> tuple[Any, int, int]:
     """A saved TombstoneModel instance with its fence loaded, live unless the handler allows."""
     if not isinstance(record, TombstoneModel):
@@ -117,6 +132,11 @@ def check_ordering_key(key: Any) -> None:
             f"An ordering key has at most {MAX_ORDERING_KEY_LENGTH} characters; "
             f"this one has {len(key)}."
         )
+    if key.startswith(PLAIN_LANE_PREFIX):
+        raise InvalidOrderingKey(
+            f"An ordering key cannot start with {PLAIN_LANE_PREFIX!r}: the lanes of plain jobs "
+            "(tasks for no record) do, one job each."
+        )
     for position, char in enumerate(key):
         if unicodedata.category(char) in ("Cc", "Cs"):
             raise InvalidOrderingKey(
@@ -141,10 +161,14 @@ def check_run_after(run_after: Any) -> None:
         )
 
 
-def check_params(params: Any, record: models.Model | None = None) -> dict[str, Any]:
+def check_params(
+    params: Any, record: models.Model | None = None, *, plain: bool = False
+) -> dict[str, Any]:
     """A JSON object of plain values, within the size and depth limits, free of personal values.
 
     ``record``'s ``TombstoneMeta.personal_fields`` are compared with every key and value.
+    ``plain``: a plain job's (no record to compare with): an e-mail address is refused, the one
+    personal value its shape tells.
     """
     if params is None:
         return {}
@@ -161,7 +185,23 @@ def check_params(params: Any, record: models.Model | None = None) -> dict[str, A
         raise _too_large(limit)
     if record is not None and texts:
         _refuse_personal_values(record, texts)
+    if plain:
+        _refuse_addresses(texts)
     return params
+
+
+_ADDRESS = re.compile(r"[^\s@<>()\[\],;:\"']+@[^\s@<>()\[\],;:\"']+\.[^\s@<>()\[\],;:\"'.]{2,}")
+
+
+def _refuse_addresses(texts: list[str]) -> None:
+    """A plain job's params hold no e-mail address (named by position, never shown)."""
+    for text in texts:
+        if _ADDRESS.search(text):
+            raise InvalidParams(
+                "The params of a plain job (a task for no record) hold an e-mail address: pass "
+                "the id of whom it is for, and read the address in the task.",
+                field="e-mail address",
+            )
 
 
 def _too_large(limit: int) -> InvalidParams:

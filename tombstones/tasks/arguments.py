@@ -4,12 +4,17 @@ value must be plain JSON, and no value of a record's personal fields is kept.
 The job's params are ``{"args": [...], "kwargs": {...}, "fence": slot, "records": {slot: ref}}``,
 where a slot is ``"args.0"`` or ``"kwargs.customer"``; the record and other record arguments
 leave ``None`` in their slot (a record is never stored, only its model and pk).
+
+A call that passes no record is a plain job (``"fence": None``): no fence, a lane of its own.
+Unless the task is fenced: it names its fence (``fence="..."``) or a parameter is typed as a
+TombstoneModel; then a call without its record (its pk, say) is refused (UnfencedTask).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +35,7 @@ Slot = str
 
 @dataclass(frozen=True)
 class Encoded:
-    record: TombstoneModel  # the fence: the job's snapshot is taken from it
+    record: TombstoneModel | None  # the fence: the job's snapshot is taken from it (None: plain)
     params: dict[str, Any]
 
 
@@ -69,7 +74,25 @@ def encode(task: TombstoneTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         # (the fence's record: enqueue's own check does it, once).
         if slot != fence:
             check_params(stored, record)
-    return Encoded(records[fence], stored)
+    return Encoded(records[fence] if fence is not None else None, stored)
+
+
+def fenced_parameters(task: TombstoneTask) -> list[str]:
+    """The parameters ``task`` declares a record for: its ``fence``, and those typed as a
+    TombstoneModel (``customer: Customer``, ``Customer | None``); a call must pass one."""
+    if task.fence is not None:
+        return [task.fence]
+    try:
+        hints = typing.get_type_hints(task.func)
+    except Exception:  # noqa: BLE001 - an annotation this process cannot resolve: not a record
+        return []
+    return [p.name for p in task.parameters() if p.name in hints and _is_record_type(hints[p.name])]
+
+
+def _is_record_type(hint: Any) -> bool:
+    if isinstance(hint, type):
+        return issubclass(hint, TombstoneModel)
+    return any(_is_record_type(arg) for arg in typing.get_args(hint))
 
 
 def _fence_slot(
@@ -77,7 +100,7 @@ def _fence_slot(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     records: dict[Slot, TombstoneModel],
-) -> Slot:
+) -> Slot | None:
     if task.fence is not None:
         import inspect
 
@@ -95,11 +118,13 @@ def _fence_slot(
             f"gives {'no value' if chosen is None else 'no TombstoneModel instance'}."
         )
     if not records:
-        raise UnfencedTask(
-            f"Task {task.module_path} was called without a TombstoneModel instance among its "
-            "arguments: a job of TombstoneBackend is fenced on the record it is for "
-            "(pass the record itself, not its pk)."
-        )
+        declared = fenced_parameters(task)
+        if declared:
+            raise UnfencedTask(
+                f"Task {task.module_path} is fenced on {declared[0]!r} (a TombstoneModel), and "
+                "this call passes no record: pass the record itself, not its pk."
+            )
+        return None  # a plain job: no record, no fence
     if len(records) > 1:
         raise UnfencedTask(
             f"Task {task.module_path} was called with several records "
@@ -160,14 +185,17 @@ def _name(slot: Slot) -> str:
 # --- reading them back ---------------------------------------------------------------------------
 
 
-def decode(params: dict[str, Any], record: TombstoneModel) -> tuple[list[Any], dict[str, Any]]:
+def decode(
+    params: dict[str, Any], record: TombstoneModel | None, db: str
+) -> tuple[list[Any], dict[str, Any]]:
     """The call's arguments, the fence slot holding ``record`` (read by the worker's check) and
-    other record arguments read fresh (tombstones included: ``is_tombstone`` tells)."""
+    other record arguments read fresh (tombstones included: ``is_tombstone`` tells). A plain
+    job's have no fence (``record`` None)."""
     if "args" not in params or "fence" not in params:
         raise InvalidParams("This job's task arguments were erased or never stored.")
     args, kwargs = list(params["args"]), dict(params["kwargs"])
-    db = record._state.db
-    _put(args, kwargs, params["fence"], record)
+    if params["fence"] is not None and record is not None:
+        _put(args, kwargs, params["fence"], record)
     for slot, ref in params.get("records", {}).items():
         model = apps.get_model(ref["model"])
         _put(args, kwargs, slot, model._base_manager.using(db).get(pk=ref["pk"]))
@@ -181,6 +209,8 @@ def stored(job: Job) -> tuple[list[Any], dict[str, Any]]:
     if "args" not in params or "fence" not in params:
         return [], {}
     args, kwargs = list(params["args"]), dict(params["kwargs"])
+    if params["fence"] is None or job.content_type_id is None:
+        return args, kwargs  # a plain job: no record among them
     # Cached per process: no query per job (job.content_type would be one).
     kind = ContentType.objects.db_manager(job._state.db).get_for_id(job.content_type_id)
     label = f"{kind.app_label}.{kind.model}"

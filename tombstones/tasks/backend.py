@@ -33,10 +33,12 @@ SEEN_TASKS = 256
 
 
 class TombstoneBackend(BaseTaskBackend):
-    """Runs ``@task`` functions as fenced jobs on the django-q2 cluster.
+    """Runs ``@task`` functions as jobs on the django-q2 cluster.
 
     A task's record argument (a ``TombstoneModel`` instance; ``@task(fence="name")`` picks one of
-    several) becomes the job's snapshot, and the job joins the record's lane. ``run_after`` is
+    several) becomes the job's snapshot, and the job joins the record's lane. A call that passes
+    no record is a plain job: no fence, a lane of its own, the same engine (unless the task is
+    fenced: its fence named, or a parameter typed as a TombstoneModel). ``run_after`` is
     honoured, and ``async def`` tasks run; priorities are not (the engine runs lanes in order of
     due time), and every task runs on the one cluster, so ``QUEUES`` can only hold ``"default"``.
     """
@@ -79,11 +81,6 @@ class TombstoneBackend(BaseTaskBackend):
         except ImproperlyConfigured as exc:
             raise InvalidTask(f"Task {path}: {exc}") from exc
         params = task.parameters()
-        if not params:
-            raise InvalidTask(
-                f"Task {path} takes no argument: a task of TombstoneBackend is a job fenced on "
-                "the record it is for, passed as an argument."
-            )
         if task.fence is not None:
             found = next((p for p in params if p.name == task.fence), None)
             if found is None or found.kind in (
@@ -106,9 +103,11 @@ class TombstoneBackend(BaseTaskBackend):
         return running.handler_for(task)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
-        """One fenced job in the caller's transaction (a rolled-back request leaves none); the
-        refusals of ``tombstones.enqueue``, and UnfencedTask for a call without its record."""
-        from ..jobs.enqueue import enqueue
+        """One job in the caller's transaction (a rolled-back request leaves none): fenced on
+        the call's record, or plain when it passes none (UnfencedTask when the task is fenced:
+        its fence named, or a parameter typed as a TombstoneModel); the refusals of
+        ``tombstones.enqueue``."""
+        from ..jobs.enqueue import enqueue, enqueue_plain
         from ..jobs.models import Job
 
         if not self._validated(task):
@@ -123,13 +122,18 @@ class TombstoneBackend(BaseTaskBackend):
             # Registered before the enqueue's wake-up, which goes last (.jobs.enqueue): Django's
             # signals come in their order, enqueued before started, on a cluster too.
             transaction.on_commit(announce, using=db)
-            job = enqueue(
-                task.handler_name,
-                encoded.record,
-                params=encoded.params,
-                run_after=task.run_after,
-                using=db,
-            )
+            if encoded.record is None:  # no record among the arguments: a plain job
+                job = enqueue_plain(
+                    task.handler_name, params=encoded.params, run_after=task.run_after, using=db
+                )
+            else:
+                job = enqueue(
+                    task.handler_name,
+                    encoded.record,
+                    params=encoded.params,
+                    run_after=task.run_after,
+                    using=db,
+                )
             result = announce.result = result_for(job, task, self.alias, claims=[])
         return result
 

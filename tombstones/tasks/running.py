@@ -27,7 +27,7 @@ def handler_for(task: TombstoneTask) -> Handler:
         return known[3]
 
     def run_task(ctx: HandlerContext) -> None:
-        args, kwargs = decode(ctx.params, ctx.record)
+        args, kwargs = decode(ctx.params, ctx.record, ctx.job._state.db or "default")
         backend = task.get_backend()
         job = ctx.job
         if job.started_at is None:  # the claim's UPDATE set it in the row, not here
@@ -51,7 +51,8 @@ def handler_for(task: TombstoneTask) -> Handler:
         if value is not None:
             keep_return_value(ctx, task, value, [*args, *kwargs.values()])
 
-    made = Handler(name=name, func=run_task, external=task.external)
+    # plain: a call that passes no record is a plain job (tasks.arguments).
+    made = Handler(name=name, func=run_task, external=task.external, plain=True)
     _made[name] = (task.func, task.takes_context, task.external, made)
     return made
 
@@ -77,9 +78,11 @@ def keep_return_value(
         )
     job = ctx.job
     params = {**job.params, "return": returned}
-    records: list[TombstoneModel | None] = [a for a in arguments if isinstance(a, TombstoneModel)]
+    records: list[TombstoneModel] = [a for a in arguments if isinstance(a, TombstoneModel)]
     try:
-        for record in records or [None]:
+        if not records:  # a plain job's: what a plain job's params may hold
+            check_params(params, None, plain=True)
+        for record in records:
             check_params(params, record)
     except InvalidParams as exc:  # names a field, never a value
         raise InvalidResult(

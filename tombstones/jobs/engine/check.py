@@ -24,12 +24,12 @@ from .attempt import Attempt, Event, Reason, Status, Step, error_class
 
 logger = logging.getLogger("tombstones")
 
-Records = dict[tuple[int, str], Any]
+Records = dict[tuple[int | None, str], Any]
 # What read_records() finds for a job whose object_id is no value of its model's pk.
 NOT_A_PK: Any = object()
 
 
-def record_key(job: Job) -> tuple[int, str]:
+def record_key(job: Job) -> tuple[int | None, str]:
     return (job.content_type_id, job.object_id)
 
 
@@ -65,7 +65,8 @@ def check_all(attempts: Sequence[Attempt]) -> None:
         return
     for attempt in todo:
         attempt.step = Step.CHECKING  # a crash in its stops is its own
-        _stopped(attempt, before_reading(attempt))
+        if not _stopped(attempt, before_reading(attempt)) and attempt.job.is_plain:
+            attempt.step = Step.CHECKED  # no record to read: it acts on none
     readable = [a for a in todo if a.step == Step.READING]
     if not readable:
         return
@@ -97,7 +98,7 @@ def _stopped(attempt: Attempt, stop: Outcome | None) -> bool:
 def before_reading(attempt: Attempt) -> Outcome | None:
     """The stop conditions that need no read of the record."""
     job = attempt.job
-    if not job.is_fenced:
+    if not job.is_fenced and not job.is_plain:
         return attempt.end(Status.ESCALATED, Reason.MISSING_FENCE, erase_params=True)
     too_old = bool(getattr(job, "too_old", False))
     try:
@@ -107,6 +108,9 @@ def before_reading(attempt: Attempt) -> Outcome | None:
             # No worker knew it for TOMBSTONES_JOB_MAX_AGE: not a deploy any more.
             return attempt.end(Status.ESCALATED, Reason.HANDLER_UNKNOWN, erase_params=True)
         return _park(attempt)
+    if job.is_plain and not attempt.handler.plain:
+        # A job for no record, of a handler that needs one: written by hand, or a bug.
+        return attempt.end(Status.ESCALATED, Reason.MISSING_FENCE, erase_params=True)
     if too_old:
         return attempt.end(Status.EXPIRED, Reason.QUEUE_EXPIRED, erase_params=True)
     return None

@@ -36,6 +36,8 @@ def act_external(attempt: Attempt, *, alarms: Alarms) -> Outcome | None:
         return record_alone(attempt, attempt.stop, alarms)
     attempt.step = Step.RUNNING  # from here a crash is its own (its call may have gone out)
     handler, record = cast(Handler, attempt.handler), attempt.record
+    if record is None:  # a plain job: sending, the call, sent; no record to check again
+        return _send_plain(attempt, handler, alarms)
     # Its generation, any version (the check refused a job without a fence).
     fence = Fence(type(record), record.pk, cast(int, job.generation))
     same = fence.rows(claim.using, live=not handler.accepts_tombstones)
@@ -46,7 +48,32 @@ def act_external(attempt: Attempt, *, alarms: Alarms) -> Outcome | None:
             return None
         return record_alone(attempt, rejection(attempt, seen), alarms)
     attempt.events = []
-    ctx = attempt.context(record)
+    failed = _call(attempt, handler, erase_params=record.deleted_at is not None)
+    if failed is not None:
+        return record_alone(attempt, failed, alarms)
+    ledger.mark_sent(claim, job)
+    return record_alone(attempt, _after_sending(attempt, handler, fence), alarms)
+
+
+def _send_plain(attempt: Attempt, handler: Handler, alarms: Alarms) -> Outcome | None:
+    """A plain job's call: sending (committed), the call, sent. Uncertain is never repeated."""
+    claim, job = attempt.claim, attempt.job
+    if not ledger.mark_sending(claim, job, Q(), attempt.events):
+        attempt.lose()  # the lease is no longer ours
+        return None
+    attempt.events = []
+    failed = _call(attempt, handler, erase_params=False)
+    if failed is not None:
+        return record_alone(attempt, failed, alarms)
+    ledger.mark_sent(claim, job)
+    return record_alone(attempt, attempt.end(Status.SUCCEEDED), alarms)
+
+
+def _call(attempt: Attempt, handler: Handler, *, erase_params: bool) -> Outcome | None:
+    """The handler's call once 'sending' committed: None when it returned, else the outcome
+    (a transient error is retried; any other leaves the outcome unknown)."""
+    claim, job = attempt.claim, attempt.job
+    ctx = attempt.context(attempt.record)
     try:
         send_hook(job_checked, job)
         handler.func(ctx)
@@ -54,20 +81,17 @@ def act_external(attempt: Attempt, *, alarms: Alarms) -> Outcome | None:
         # The handler states nothing was delivered (e.g. connection refused): safe to retry.
         ledger.clear_sending(claim, job)
         log_failure(attempt, exc, "retried")
-        transient = retry(attempt, Reason.TRANSIENT, error_class(exc), exc)
-        return record_alone(attempt, transient, alarms)
+        return retry(attempt, Reason.TRANSIENT, error_class(exc), exc)
     except Exception as exc:  # noqa: BLE001 - after sending, any error leaves the outcome unknown
         log_failure(attempt, exc, "uncertain")
-        unknown = attempt.end(
+        return attempt.end(
             Status.UNCERTAIN,
             Reason.OUTCOME_UNKNOWN,
             error_class=error_class(exc),
             error_trace=error_trace(exc),
-            erase_params=record.deleted_at is not None,
+            erase_params=erase_params,
         )
-        return record_alone(attempt, unknown, alarms)
-    ledger.mark_sent(claim, job)
-    return record_alone(attempt, _after_sending(attempt, handler, fence), alarms)
+    return None
 
 
 def _after_sending(attempt: Attempt, handler: Handler, fence: Fence) -> Outcome:

@@ -88,14 +88,16 @@ class Group:
     started: float = field(default_factory=time.monotonic)
     # The records as the group's jobs left them (their update()s carried forward), and those
     # to read again (a job wrote the record's table otherwise, or they are unknown here).
-    carried: dict[tuple[int, str], Any] = field(default_factory=dict)
-    reread: set[tuple[int, str]] = field(default_factory=set)
+    carried: dict[tuple[int | None, str], Any] = field(default_factory=dict)
+    reread: set[tuple[int | None, str]] = field(default_factory=set)
     wrote: bool = False  # a job wrote: its rows stay locked until the commit
 
     def carry(self, attempt: Attempt, ctx: HandlerContext) -> None:
         """After a job's success: the record as it left it, for the next job of the record."""
         key = record_key(attempt.job)
         self.wrote = self.wrote or ctx.writes > 0
+        if attempt.job.is_plain:
+            return  # no record to carry
         if ctx.moved_record:
             self.reread.add(key)
             self.carried.pop(key, None)
@@ -291,6 +293,8 @@ def _read_again(attempt: Attempt, savepoint: Savepoint) -> Outcome | None:
 
 def _succeeded(attempt: Attempt, ctx: HandlerContext) -> Outcome:
     record = ctx.record
+    if record is None:  # a plain job: its params stay until retention removes the job
+        return attempt.end(Status.SUCCEEDED, writes=ctx.writes)
     return attempt.end(
         Status.SUCCEEDED,
         found=(record.generation, record.version),

@@ -176,7 +176,8 @@ def claim(
     types = ContentType.objects.db_manager(db)
     oldest = at - tombstone_settings.JOB_MAX_AGE
     for job in taken:
-        job.content_type = types.get_for_id(job.content_type_id)
+        if job.content_type_id is not None:  # None: a plain job
+            job.content_type = types.get_for_id(job.content_type_id)
         job.too_old = job.created_at < oldest  # type: ignore[attr-defined]
     taken.sort(key=_place)
     claimed = Claim(token, wid, db, taken, workers=workers, clock=clock)

@@ -17,7 +17,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
-from ..models import Job
+from ..models import PLAIN_LANE_PREFIX, Job
 from . import lanes
 
 
@@ -25,7 +25,7 @@ def insert_job(
     db: str,
     *,
     handler: str,
-    content_type: ContentType,
+    content_type: ContentType | None,
     object_id: str,
     generation: int | None,
     version: int | None,
@@ -55,7 +55,8 @@ def insert_job(
         # cannot overtake the jobs queued before it.
         due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
         fields["run_after"] = fields["queued_at"] = fields["ready_at"] = due
-    if not lanes.guarded(db):
+    if not lanes.guarded(db) or lane.startswith(PLAIN_LANE_PREFIX):
+        # A plain job's lane is its own: no other enqueue can be placed before or after it.
         job = Job.objects.using(db).create(**fields)
     elif run_after is None and lanes.known(db, lane):
         job = _insert_in_lane(db, fields)

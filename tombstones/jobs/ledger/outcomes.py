@@ -107,7 +107,7 @@ def write_outcomes(claim: Claim, outcomes: Sequence[Outcome]) -> None:
     for outcome in outcomes:
         if _kept_in_row(outcome):
             outcome.checked_version = next(
-                e.found_version for e in outcome.events if e.event == Event.CHECKED
+                (e.found_version for e in outcome.events if e.event == Event.CHECKED), None
             )
             outcome.events = []  # its row is its trail (Job.row_events)
             continue
@@ -142,7 +142,8 @@ def _kept_in_row(outcome: Outcome) -> bool:
         and job.attempts == 1
         and job.rereads == 0
         and all(e.event in _ROW_EVENTS for e in outcome.events)
-        and [e.event for e in outcome.events].count(Event.CHECKED) == 1
+        # A plain job checks no record (Job.trail_in_row reads its attempts instead).
+        and [e.event for e in outcome.events].count(Event.CHECKED) == (0 if job.is_plain else 1)
     )
 
 
@@ -387,8 +388,10 @@ def crash_outcome(job: Job, error_class: str = "") -> Outcome:
 # --- identity and logging ---------------------------------------------------------------------
 
 
-def record_ref(content_type_id: int, object_id: str) -> str:
-    """``app_label.model:pk`` from the (cached) content type: ids only."""
+def record_ref(content_type_id: int | None, object_id: str) -> str:
+    """``app_label.model:pk`` from the (cached) content type: ids only; "-" for a plain job."""
+    if content_type_id is None:
+        return "-"
     ct = ContentType.objects.get_for_id(content_type_id)
     return f"{ct.app_label}.{ct.model}:{object_id}"
 

@@ -29,6 +29,8 @@ def params_after(job: Job, status: str, db: str) -> Any:
     """
     if status not in TERMINAL or status == Status.SUCCEEDED:
         return None
+    if status == Status.UNCERTAIN and job.is_plain:
+        return None  # no record to outlive: kept, for staff to resend once
     if status == Status.UNCERTAIN:
         live = live_record(job, db)
         if live is not None:
@@ -38,6 +40,8 @@ def params_after(job: Job, status: str, db: str) -> Any:
 
 def live_record(job: Job, db: str) -> models.QuerySet[Any] | None:
     """The job's record, if it is live at the job's generation (None: not a record model)."""
+    if job.content_type_id is None:
+        return None  # a plain job: no record
     model = ContentType.objects.db_manager(db).get_for_id(job.content_type_id).model_class()
     if model is None or not hasattr(model, "all_objects") or job.generation is None:
         return None  # no record model, or no fence: nothing is live at it
