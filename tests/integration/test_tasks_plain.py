@@ -190,3 +190,19 @@ def test_plain__the_admin_says_so(client: Client) -> None:
     assert 'id="job-timeline"' not in page.content.decode()
     run(job)
     assert client.get(reverse("admin:tombstones_job_change", args=(job.pk,))).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sync_mode__an_enqueue_outside_a_transaction_returns_the_run() -> None:
+    """django-q2's sync mode (the suite's) runs a job at its enqueue's commit, in the caller:
+    the result returned is the run's, as Django's immediate backend returns it."""
+    from django.db import transaction
+
+    done = tasks.ping.enqueue()
+    assert (done.status, done.return_value) == (SUCCESSFUL, "pong")
+    assert done.finished_at is not None
+    with transaction.atomic():
+        waiting = tasks.ping.enqueue()
+        assert waiting.status == TaskResultStatus.READY  # runs at the commit, after this
+    waiting.refresh()
+    assert waiting.status == SUCCESSFUL

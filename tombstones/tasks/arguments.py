@@ -150,7 +150,8 @@ def _json(task: TombstoneTask, slot: Slot, value: Any) -> Any:
     if back is None and value is not None:
         raise InvalidParams(
             f"Argument {_name(slot)} of task {task.module_path} is not a JSON value "
-            f"({type(value).__name__}): task arguments are stored as JSON; pass ids and options."
+            f"(Unsupported type {type(value).__name__}): task arguments are stored as JSON; "
+            "pass ids and options."
         )
     return back
 

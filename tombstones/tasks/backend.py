@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 
 from ..jobs import registry
+from ..jobs.cluster import runs_in_sync
 from ..signals import job_finished
 from . import arguments, running
 from .compat import (
@@ -135,6 +136,10 @@ class TombstoneBackend(BaseTaskBackend):
                     using=db,
                 )
             result = announce.result = result_for(job, task, self.alias, claims=[])
+        if outer is not None and runs_in_sync():
+            # django-q2's sync mode ran the job at the commit, in this process: the result as
+            # it left it (what Django's immediate backend returns). One read, in sync mode only.
+            result.refresh()
         return result
 
     def _validated(self, task: Any) -> bool:
