@@ -100,6 +100,10 @@ class InvalidOrderingKey(TombstoneError, ValueError):
     """An ordering key must be a non-empty str of at most 255 characters, no control characters."""
 
 
+class InvalidPriority(TombstoneError, ValueError):
+    """A priority must be an int from -100 to 100 (Django's range); 0 is the default."""
+
+
 class InvalidRunAfter(TombstoneError, ValueError):
     """run_after must be None or an aware datetime no later than now + TOMBSTONES_JOB_MAX_AGE."""
 

@@ -49,7 +49,6 @@ REWRITES = [
 ]
 
 # Why each of Django's tests that fails here fails (docs/tasks.md, "Django's own tests").
-PRIORITY = "priorities are not supported yet: a priority other than 0 is refused"
 QUEUES = "named queues are not supported yet: a queue other than 'default' is refused"
 SYNC_IN_ASYNC = (
     "it calls get_result() or refresh() from async code: our results are read from the "
@@ -62,9 +61,6 @@ NO_MESSAGE = "it expects the exception's message in the log: ours keep class and
 EXACT_CLASS = "an unserialisable return value raises InvalidResult, a TypeError subclass"
 ONE_MODE = "the module's 'immediate' alias runs without sync mode here: its task has not run"
 KNOWN_FAILURES: dict[str, str] = {
-    "test_tasks.py::TaskTestCase::test_chained_using": PRIORITY,
-    "test_tasks.py::TaskTestCase::test_invalid_priority": PRIORITY,
-    "test_tasks.py::TaskTestCase::test_using_priority": PRIORITY,
     "test_tasks.py::TaskTestCase::test_unknown_queue_name": QUEUES,
     "test_tasks.py::TaskTestCase::test_using_queue_name": QUEUES,
     "test_dummy_backend.py::DummyBackendTestCase::test_validate_on_enqueue": QUEUES,

@@ -35,6 +35,7 @@ UNFINISHED_ONLY = {
     "tombstones_job_hint_lane",
     "tombstones_job_held",
     "tombstones_job_paused",
+    "tombstones_job_priority",
 }
 
 
@@ -246,9 +247,10 @@ def test_plans__on_sqlite_the_engine_reads_through_indexes_too() -> None:
             plan = [row[-1] for row in cursor.fetchall()]
             full = [s for s in plan if s.startswith("SCAN ") and "USING" not in s]
             full = [s for s in full if "django_content_type" not in s and "CONSTANT" not in s]
-            # The claim's own subqueries (one lane's first jobs, its hints: index searches) and
-            # its list of ids.
-            full = [s for s in full if not s.startswith(("SCAN part_", "SCAN json_each"))]
+            # The claim's own subqueries (one lane's first jobs, its hints; the jobs above
+            # priority 0 and the hints: index searches) and its list of ids.
+            subqueries = ("SCAN part_", "SCAN scan_", "SCAN json_each")
+            full = [s for s in full if not s.startswith(subqueries)]
             if full:
                 scans.append((full, sql[-500:]))
     assert scans == [], scans
@@ -302,3 +304,45 @@ def test_plans__a_lane_s_hints_are_read_through_the_lane_whatever_the_statistics
             transaction.savepoint_rollback(undo)
             used = set(INDEX.findall(plan))
             assert used == {"tombstones_job_lane_place"}, plan
+
+
+def test_plans__the_priority_look_reads_the_priority_jobs_not_the_backlog(
+    postgres_only: None,
+) -> None:
+    """Every claim's scan of the hints also reads the due jobs of a priority above 0 (in the
+    same statement): from an index of those jobs only, so with a backlog of 30,000 jobs of
+    priority 0 it reads the one urgent job and the first hints, not the backlog."""
+    from tests import tasks
+    from tombstones.jobs import ledger
+    from tombstones.models import Job
+
+    seed_queued(BACKLOG)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tombstones_job")
+    urgent = Job.objects.get(pk=int(tasks.ping.using(priority=5).enqueue().id))
+    with CaptureQueriesContext(connection) as captured:
+        taken = ledger.claim(1)
+    assert taken is not None
+    assert [job.pk for job in taken.jobs] == [urgent.pk]
+    looks = [q["sql"] for q in captured.captured_queries if '"priority" > 0' in q["sql"]]
+    assert len(looks) == 1, [q["sql"][:200] for q in captured.captured_queries]
+    assert [r for r in rows_read_by(looks) if r[0] > READ_AT_MOST] == []
+
+
+def test_plans__on_sqlite_the_priority_look_reads_its_own_index() -> None:
+    """Without statistics SQLite read the due jobs above priority 0 through the index of every
+    due job, and sorted them: the whole backlog at each claim."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's planner (PostgreSQL's plans are pinned above)")
+    from tombstones.jobs import ledger
+
+    tombstones.enqueue("customers.update_sheet_row", SheetRowFactory().customer)
+    with CaptureQueriesContext(connection) as captured:
+        assert ledger.claim(1) is not None
+    looks = [q["sql"] for q in captured.captured_queries if "AS scan_0" in q["sql"]]
+    assert len(looks) == 1, [q["sql"][:200] for q in captured.captured_queries]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + looks[0])
+        plan = [row[-1] for row in cursor.fetchall()]
+    assert "SEARCH tombstones_job USING INDEX tombstones_job_priority (priority>?)" in plan, plan
+    assert not [line for line in plan if "TEMP B-TREE" in line], plan

@@ -286,7 +286,6 @@ async def _coroutine(customer: Customer) -> None:
     [
         (_plain, {"fence": "nope"}, "fenced on 'nope', which is not one of"),
         (_plain, {"queue_name": "emails"}, "Queue 'emails'"),
-        (_plain, {"priority": 5}, "priority"),
     ],
 )
 def test_refused__at_definition(func: Any, options: dict[str, Any], message: str) -> None:

@@ -13,7 +13,7 @@ from django.db import connections, models, router, transaction
 
 from .ledger import insert_job, insert_jobs
 from .models import PLAIN_LANE_PREFIX, Job
-from .validation import check_enqueue, check_plain_enqueue
+from .validation import check_enqueue, check_plain_enqueue, check_priority
 from .wakeups import wake, wake_soon
 
 __all__ = ["default_lane", "enqueue", "enqueue_many", "enqueue_plain", "wake", "wake_soon"]
@@ -32,16 +32,21 @@ def enqueue(
     ordering_key: str | None = None,
     run_after: datetime | None = None,
     using: str | None = None,
+    priority: int = 0,
 ) -> Job:
     """Queue a fenced job for ``record`` and wake a worker once the caller's transaction commits.
 
     Every check runs before any SQL (:mod:`tombstones.validation`), so a refusal leaves the
     caller's transaction usable: UnknownHandler, NotATombstoneModel, MissingFence, RecordDeleted,
-    InvalidOrderingKey, InvalidRunAfter, InvalidParams.
+    InvalidOrderingKey, InvalidRunAfter, InvalidParams, InvalidPriority.
+
+    ``priority`` (-100 to 100): among due lanes, a claim looks first at those with a job of a
+    higher priority; a lane's own order never changes.
     """
     found, pk, generation, version, clean = check_enqueue(
         handler, record, params=params, ordering_key=ordering_key, run_after=run_after
     )
+    check_priority(priority)
     db = using or router.db_for_write(Job)
     job = insert_job(
         db,
@@ -54,6 +59,7 @@ def enqueue(
         params=clean,
         external=found.external,
         run_after=run_after,
+        priority=priority,
     )
     wake_after_commit(db, job.pk)
     return job
@@ -65,11 +71,13 @@ def enqueue_plain(
     params: dict[str, Any] | None = None,
     run_after: datetime | None = None,
     using: str | None = None,
+    priority: int = 0,
 ) -> Job:
     """Queue a plain job: for no record, so no fence, and a lane of its own (it runs in
     parallel with every other job); the same leases, retries, retention and privacy rules.
     Its handler must run plain jobs (a task's does); MissingFence otherwise."""
     found, clean = check_plain_enqueue(handler, params=params, run_after=run_after)
+    check_priority(priority)
     db = using or router.db_for_write(Job)
     job = insert_job(
         db,
@@ -82,6 +90,7 @@ def enqueue_plain(
         params=clean,
         external=found.external,
         run_after=run_after,
+        priority=priority,
     )
     wake_after_commit(db, job.pk)
     return job
@@ -131,6 +140,7 @@ def enqueue_many(
     ordering_key: str | None = None,
     run_after: datetime | None = None,
     using: str | None = None,
+    priority: int = 0,
 ) -> list[Job]:
     """Queue one fenced job per record, as :func:`enqueue` would queue each in turn, in one
     INSERT, with one wake-up once the caller's transaction commits.
@@ -140,6 +150,7 @@ def enqueue_many(
     ``ordering_key`` shared by all) take their places in the order given. ``params`` go to
     every job, checked against each record.
     """
+    check_priority(priority)
     found: list[tuple[models.Model, Any]] = []
     for record in records:
         found.append(
@@ -164,6 +175,7 @@ def enqueue_many(
             "lane": ordering_key or default_lane(record),
             "params": checked.params,
             "external": checked.handler.external,
+            "priority": priority,
         }
         for record, checked in found
     ]

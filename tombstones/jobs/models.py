@@ -25,7 +25,7 @@ class JobQuerySet(models.QuerySet["Job"]):
     def unfinished(self) -> JobQuerySet:
         return self.filter(status__in=UNFINISHED)
 
-    def for_record(self, content_type_id: int, object_id: Any) -> JobQuerySet:
+    def for_record(self, content_type_id: int | None, object_id: Any) -> JobQuerySet:
         return self.filter(content_type_id=content_type_id, object_id=str(object_id))
 
     def waiting(self) -> JobQuerySet:
@@ -168,6 +168,11 @@ class Job(models.Model):
         help_text="Frames (file, line, function, source line) and class: no message, no locals.",
     )
     params = models.JSONField(default=dict, blank=True)
+    # Among due lanes, a claim looks first at those with a job of a higher priority (a lane's
+    # own order never changes); 0 for most jobs: only others are in their index.
+    priority = models.SmallIntegerField(
+        default=0, db_default=0, help_text="-100 to 100; higher runs sooner, in lane order."
+    )
     attempts = models.PositiveIntegerField(default=0)
     rereads = models.PositiveIntegerField(default=0)
     external = models.BooleanField(default=False)
@@ -252,6 +257,15 @@ class Job(models.Model):
                 fields=["status", "finished_at"],
                 name="tombstones_job_finished",
                 condition=models.Q(finished_at__isnull=False),
+            ),
+            # The waiting jobs of a priority above 0, highest first (ledger.heads.prioritized):
+            # only they are in it, so a claim's look at it costs nothing when no job has one.
+            models.Index(
+                F("priority").desc(),
+                "run_after",
+                "id",
+                name="tombstones_job_priority",
+                condition=models.Q(priority__gt=0, status__in=["queued", "retry_wait"]),
             ),
             # The paused jobs the sweep resumes: a few rows (it scanned the table for them).
             models.Index(

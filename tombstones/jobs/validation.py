@@ -21,6 +21,7 @@ from ..conf import tombstone_settings
 from ..exceptions import (
     InvalidOrderingKey,
     InvalidParams,
+    InvalidPriority,
     InvalidRunAfter,
     MissingFence,
     NotATombstoneModel,
@@ -143,6 +144,20 @@ def check_ordering_key(key: Any) -> None:
                 f"An ordering key must not contain control characters "
                 f"(U+{ord(char):04X} at position {position})."
             )
+
+
+# Django's tasks framework's range (TASK_MIN_PRIORITY, TASK_MAX_PRIORITY).
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+
+def check_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidPriority(f"A priority must be an int, not {type(priority).__name__}.")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidPriority(
+            f"A priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}; this one is {priority}."
+        )
+    return priority
 
 
 def check_run_after(run_after: Any) -> None:

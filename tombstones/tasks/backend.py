@@ -39,9 +39,10 @@ class TombstoneBackend(BaseTaskBackend):
     A task's record argument (a ``TombstoneModel`` instance; ``@task(fence="name")`` picks one of
     several) becomes the job's snapshot, and the job joins the record's lane. A call that passes
     no record is a plain job: no fence, a lane of its own, the same engine (unless the task is
-    fenced: its fence named, or a parameter typed as a TombstoneModel). ``run_after`` is
-    honoured, and ``async def`` tasks run; priorities are not (the engine runs lanes in order of
-    due time), and every task runs on the one cluster, so ``QUEUES`` can only hold ``"default"``.
+    fenced: its fence named, or a parameter typed as a TombstoneModel). ``run_after`` and
+    priorities are honoured (a priority orders due lanes, never the jobs of one), and ``async
+    def`` tasks run; every task runs on the one cluster, so ``QUEUES`` can only hold
+    ``"default"``.
     """
 
     task_class = TombstoneTask
@@ -57,7 +58,8 @@ class TombstoneBackend(BaseTaskBackend):
     # context.aupdate) run there, in the job's transaction.
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    # Among due lanes, those with a job of a higher priority first; never within a lane.
+    supports_priority = True
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
@@ -125,7 +127,11 @@ class TombstoneBackend(BaseTaskBackend):
             transaction.on_commit(announce, using=db)
             if encoded.record is None:  # no record among the arguments: a plain job
                 job = enqueue_plain(
-                    task.handler_name, params=encoded.params, run_after=task.run_after, using=db
+                    task.handler_name,
+                    params=encoded.params,
+                    run_after=task.run_after,
+                    using=db,
+                    priority=task.priority,
                 )
             else:
                 job = enqueue(
@@ -134,6 +140,7 @@ class TombstoneBackend(BaseTaskBackend):
                     params=encoded.params,
                     run_after=task.run_after,
                     using=db,
+                    priority=task.priority,
                 )
             result = announce.result = result_for(job, task, self.alias, claims=[])
         if outer is not None and runs_in_sync():

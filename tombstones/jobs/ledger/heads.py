@@ -35,7 +35,7 @@ from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
 from ..states import CLAIMABLE, SUSPECT, UNFINISHED, Status
-from . import hint_floor
+from . import hint_floor, priorities
 
 # The most hints of a lane one claim clears (a burst of enqueues into one lane: the rest go to
 # the next claims, a bounded statement each).
@@ -189,12 +189,17 @@ def read_lanes(
     if ids is not None:
         found = jobs.filter(pk__in=list(ids)).order_by("queued_at", "id").values_list("lane")
         return _distinct(lane for (lane,) in found), False, {}
-    rows = _scan(db, floor, ("lane", "id", "ready_at", "status"), scan)
+    first: list[str] = []  # the lanes of due jobs above priority 0, read with the hints
+    rows = _scan(db, floor, ("lane", "id", "ready_at", "status", "priority"), scan, first)
     ended: dict[str, list[Hint]] = {}
-    for lane, pk, at, status in rows:
+    for lane, pk, at, status, _ in rows:
         if status not in UNFINISHED and at is not None:
             ended.setdefault(lane, []).append((pk, at))
-    return _distinct(lane for lane, _, _, _ in rows), len(rows) >= scan, ended
+    # Lanes of a job below priority 0 after the others this look read (a stable sort: in the
+    # order their hints came due otherwise).
+    hinted = [row[0] for row in sorted(rows, key=lambda row: row[4] < 0)]
+    keys = _distinct([*first, *hinted])
+    return keys[:scan], len(rows) >= scan or len(keys) > scan, ended
 
 
 def due_lanes(limit: int, *, using: str, floor: datetime | None = None) -> int:
@@ -204,13 +209,22 @@ def due_lanes(limit: int, *, using: str, floor: datetime | None = None) -> int:
     return min(limit, len({row[0] for row in rows}))
 
 
-def _scan(db: str, floor: datetime | None, fields: tuple[str, ...], limit: int) -> list[Any]:
+def _scan(
+    db: str,
+    floor: datetime | None,
+    fields: tuple[str, ...],
+    limit: int,
+    first: list[str] | None = None,
+) -> list[Any]:
     """The first ``limit`` hints that came due, oldest first (``fields`` of each, ``ready_at``
-    among them), from ``floor`` on, or from the first hint when none is above it."""
+    among them), from ``floor`` on, or from the first hint when none is above it. ``first``:
+    filled with the lanes of the due jobs above priority 0, highest first, read in the same
+    statement (:mod:`.priorities`)."""
     if floor is None:
-        rows = list(Job.objects.using(db).hinted().values_list(*fields)[:limit])
+        rows = priorities.read(db, Job.objects.using(db).hinted(), fields, limit, first)
     else:
-        rows = [row[:-1] for row in hints_from(db, floor, fields)[:limit] if row[-1]]
+        found = priorities.read(db, _hints_from(db, floor), (*fields, "due"), limit, first)
+        rows = [row[:-1] for row in found if row[-1]]
     at = fields.index("ready_at")
     hint_floor.scanned(db, floor, rows[0][at] if rows else None)
     if rows or floor is None:
@@ -223,13 +237,16 @@ def hints_from(db: str, floor: datetime, fields: Sequence[str]) -> Any:
     """The hints from ``floor`` on, due or not, oldest first: ``fields`` of each and whether it
     is due (the condition "due" as a column, not a bound: see :func:`_from_floor`). Hints come
     in time order, so the due ones come first."""
+    return _hints_from(db, floor).values_list(*fields, "due")
+
+
+def _hints_from(db: str, floor: datetime) -> Any:
     due = ExpressionWrapper(queries.hinted(), output_field=BooleanField())
     return (
         Job.objects.using(db)
         .filter(_from_floor(db, floor), ready_at__isnull=False)
         .annotate(due=due)
         .order_by("ready_at", "id")
-        .values_list(*fields, "due")
     )
 
 

@@ -33,6 +33,7 @@ def insert_job(
     params: dict[str, Any],
     external: bool,
     run_after: datetime | None = None,
+    priority: int = 0,
 ) -> Job:
     """Insert a queued job (in the caller's transaction if there is one, so a rolled-back request
     leaves no job); see :meth:`.models.Job.enqueued_event`.
@@ -49,6 +50,7 @@ def insert_job(
         "lane": lane,
         "params": params,
         "external": external,
+        "priority": priority,
     }
     if run_after is not None:
         # A delayed job takes its place in its lane when it is due; never before now, so that it
