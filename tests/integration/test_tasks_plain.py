@@ -206,3 +206,25 @@ def test_sync_mode__an_enqueue_outside_a_transaction_returns_the_run() -> None:
         assert waiting.status == TaskResultStatus.READY  # runs at the commit, after this
     waiting.refresh()
     assert waiting.status == SUCCESSFUL
+
+
+def test_plain__a_worker_lost_during_its_call_leaves_it_uncertain_with_its_arguments() -> None:
+    """The sweep's take-back of an external plain job whose worker died after 'sending': it
+    is uncertain, and keeps its arguments for staff to resend once (no record to outlive)."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.db.models.functions import Now
+
+    from tombstones.jobs.engine.sweep import sweep
+
+    job = job_of(tasks.plain_call_out.enqueue(5))
+    taken = ledger.claim(1)
+    assert taken is not None
+    assert [j.pk for j in taken.jobs] == [job.pk]
+    assert ledger.mark_sending(taken, taken.jobs[0], Q())
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+    assert sweep(dispatch=False)["uncertain"] == 1
+    job.refresh_from_db()
+    assert (job.status, job.reason) == ("uncertain", "outcome_unknown")
+    assert job.params["args"] == [5]
