@@ -82,11 +82,23 @@ def fenced_parameters(task: TombstoneTask) -> list[str]:
     TombstoneModel (``customer: Customer``, ``Customer | None``); a call must pass one."""
     if task.fence is not None:
         return [task.fence]
-    try:
-        hints = typing.get_type_hints(task.func)
-    except Exception:  # noqa: BLE001 - an annotation this process cannot resolve: not a record
-        return []
-    return [p.name for p in task.parameters() if p.name in hints and _is_record_type(hints[p.name])]
+    key = (task.func, task.takes_context)
+    if key not in _typed:  # read once per function: each plain call asks
+        try:
+            hints = typing.get_type_hints(task.func)
+        except Exception:  # noqa: BLE001 - an annotation this process cannot resolve
+            hints = {}
+        if len(_typed) >= SEEN_FUNCTIONS:
+            _typed.clear()
+        _typed[key] = [
+            p.name for p in task.parameters() if p.name in hints and _is_record_type(hints[p.name])
+        ]
+    return _typed[key]
+
+
+# The record parameters of the task functions this process saw, by (function, takes_context).
+_typed: dict[tuple[Any, bool], list[str]] = {}
+SEEN_FUNCTIONS = 1024
 
 
 def _is_record_type(hint: Any) -> bool:
