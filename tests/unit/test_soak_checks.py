@@ -195,6 +195,25 @@ def test_effects_and_calls__doubled_missing_and_repeated_are_found() -> None:
     }
 
 
+def test_effects__a_plain_jobs_effect_counts_for_its_job_never_for_a_record() -> None:
+    """soak.tick's effect rows name record 0: no record's versions, but each job's one."""
+    plain = checks.PLAIN
+    records = [RecordRow(1, 1, 2, 1, deleted=False)]
+    effects = [Effect(10, 1, 1, 2, 1, "A"), Effect(20, plain, 0, 0, 0, "B")]
+    assert checks.lost_updates(records, effects, []) == []
+    jobs = [
+        job(10, 0),
+        job(20, 1, lane="plain:a", handler="soak.tick"),
+        job(21, 2, lane="plain:b", handler="soak.tick"),
+    ]
+    doubled = [*effects, Effect(20, plain, 0, 0, 0, "C")]
+    assert checks.effect_problems(jobs, doubled) == {
+        "doubled": [20],
+        "without_success": [],
+        "success_without_effect": [21],
+    }
+
+
 def test_stuck_and_reasons__unfinished_and_unexplained_jobs_are_found() -> None:
     jobs = [
         job(1, 0, status="retry_wait", reason="transient"),

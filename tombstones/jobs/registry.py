@@ -61,7 +61,7 @@ def check_name(name: object) -> None:
 
 
 def handler(
-    name: str, *, external: bool = False, accepts_tombstones: bool = False
+    name: str, *, external: bool = False, accepts_tombstones: bool = False, plain: bool = False
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register ``func`` as the job handler called ``name``.
 
@@ -74,12 +74,19 @@ def handler(
     ``accepts_tombstones=True`` marks a handler that propagates deletions: it also runs when the
     record is a tombstone *of the job's generation* (``ctx.record.is_tombstone``), and may be
     enqueued for a tombstone. A re-created record (another generation) still rejects it.
+
+    ``plain=True`` lets it run plain jobs too, for no record (``enqueue_plain``): its context's
+    ``record`` is then None, and ``update`` / ``write`` raise NoRecord.
     """
     check_name(name)
 
     def register(func: HandlerFunc) -> HandlerFunc:
         wanted = Handler(
-            name=name, func=func, external=external, accepts_tombstones=accepts_tombstones
+            name=name,
+            func=func,
+            external=external,
+            accepts_tombstones=accepts_tombstones,
+            plain=plain,
         )
         existing = _registry.get(name)
         if existing is None:
@@ -94,8 +101,9 @@ def handler(
             # Flipping external or accepts_tombstones changes how queued jobs are run.
             raise ImproperlyConfigured(
                 f"The job handler {name!r} is registered again with different options "
-                f"(external={external}, accepts_tombstones={accepts_tombstones}; first "
-                f"external={existing.external}, accepts_tombstones={existing.accepts_tombstones})."
+                f"(external={external}, accepts_tombstones={accepts_tombstones}, plain={plain}; "
+                f"first external={existing.external}, "
+                f"accepts_tombstones={existing.accepts_tombstones}, plain={existing.plain})."
             )
         return func
 

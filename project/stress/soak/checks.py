@@ -32,7 +32,9 @@ from .journal import Call, Claimed, End, Enqueued, Start
 NEVER = math.inf  # the finish of a job that never reached a terminal state
 # Statuses that must carry a reason code.
 NEEDS_REASON = frozenset(TERMINAL) - {Status.SUCCEEDED}
-INTERNAL_HANDLERS = frozenset({"soak.increment", "soak.rmw", "soak.transient"})
+INTERNAL_HANDLERS = frozenset({"soak.increment", "soak.rmw", "soak.transient", "soak.tick"})
+# The record of a plain job's effects (soak.tick): none; they count as jobs', not records'.
+PLAIN = 0
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,8 @@ def lost_updates(
     versions: dict[tuple[int, int], list[int]] = defaultdict(list)
     counters: dict[tuple[int, int], list[int]] = defaultdict(list)
     for effect in effects:
+        if effect.entity == PLAIN:
+            continue
         versions[(effect.entity, effect.generation)].append(effect.version)
         counters[(effect.entity, effect.generation)].append(effect.counter)
     for edit in edits:

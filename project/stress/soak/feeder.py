@@ -19,20 +19,28 @@ from django.db import transaction
 
 import tombstones
 from tombstones.exceptions import TombstoneError
+from tombstones.jobs.enqueue import enqueue_plain
 from tombstones.models import Job
 
 from ..models import StressEntity
 from . import journal
 from .outages import retrying
 
-# (handler, share of the jobs): ~55% internal increments, ~17% read-modify-write, ~6%
-# transient failures, ~22% external calls. Their params (_handler) are ids and timings only.
+# (handler, share of the jobs): ~50% internal increments, ~15% read-modify-write, ~6%
+# transient failures, ~19% external calls, and ~10% plain jobs (no record: ~6% internal, ~4%
+# external). Their params (_handler) are ids and timings only.
 MIX: tuple[tuple[str, float], ...] = (
-    ("soak.increment", 0.55),
-    ("soak.rmw", 0.17),
+    ("soak.increment", 0.50),
+    ("soak.rmw", 0.15),
     ("soak.transient", 0.06),
-    ("soak.external", 0.22),
+    ("soak.external", 0.19),
+    ("soak.tick", 0.06),
+    ("soak.ping", 0.04),
 )
+PLAIN_HANDLERS = frozenset({"soak.tick", "soak.ping"})
+# (low, high, share): most jobs at priority 0, some above (their lanes looked at first), some
+# below; a lane's order must hold whatever its jobs' priorities.
+PRIORITIES: tuple[tuple[int, int, float], ...] = ((0, 0, 0.8), (1, 20, 0.1), (-20, -1, 0.1))
 # A burst's length: mostly one job, sometimes a queue long enough to fill a claim's followers.
 BURSTS: tuple[tuple[int, int, float], ...] = ((1, 1, 0.6), (2, 5, 0.3), (10, 30, 0.1))
 # The backlog is counted every this many enqueues.
@@ -64,7 +72,7 @@ class Feeder:
         name = self.rng.choices([m[0] for m in MIX], weights=[m[1] for m in MIX])[0]
         if name == "soak.transient":
             return name, {"fail": self.rng.randint(1, 2)}
-        if name == "soak.external":
+        if name in ("soak.external", "soak.ping"):
             return name, {"ms": 40}  # the call takes 0..40 ms: kills land in it
         if name == "soak.rmw":
             return name, {"ms": 2}
@@ -77,10 +85,18 @@ class Feeder:
     def unfinished(self) -> int:
         return retrying(lambda: Job.objects.filter(status__in=Job.UNFINISHED).count())
 
+    def _priority(self) -> int:
+        low, high, _ = self.rng.choices(PRIORITIES, weights=[p[2] for p in PRIORITIES])[0]
+        return self.rng.randint(low, high)
+
     def _enqueue(self, record: StressEntity, name: str, params: dict[str, Any]) -> None:
+        priority = self._priority()
+
         def step() -> int:
             with transaction.atomic():
-                return int(tombstones.enqueue(name, record, params=params).pk)
+                if name in PLAIN_HANDLERS:  # for no record: a lane of its own
+                    return int(enqueue_plain(name, params=params, priority=priority).pk)
+                return int(tombstones.enqueue(name, record, params=params, priority=priority).pk)
 
         try:
             job_id = retrying(step)

@@ -10,7 +10,9 @@ start and end (:mod:`.journal`) before it touches anything: the order check read
 - ``soak.transient``: raises :class:`TransientError` while ``attempts <= params["fail"]``,
   then increments;
 - ``soak.external`` / ``soak.forget`` (on tombstones too): a fake external call, journaled with
-  the job's idempotency key, then ``params["ms"]`` milliseconds of "network" at most.
+  the job's idempotency key, then ``params["ms"]`` milliseconds of "network" at most;
+- ``soak.tick`` / ``soak.ping``: plain jobs (no record): an effect row of record 0, or a fake
+  external call.
 
 Params are ids and timings only.
 """
@@ -32,6 +34,8 @@ from ..models import SoakEffect
 from . import journal
 
 Handler = Callable[[HandlerContext], str]
+# The record of a plain job's effect rows: none (no StressEntity has pk 0).
+PLAIN = 0
 
 
 def traced(func: Handler) -> Callable[[HandlerContext], None]:
@@ -111,4 +115,26 @@ def external(ctx: HandlerContext) -> str:
 @tombstones.handler("soak.forget", external=True, accepts_tombstones=True)
 @traced
 def forget(ctx: HandlerContext) -> str:
+    return _call(ctx)
+
+
+@tombstones.handler("soak.tick", plain=True)
+@traced
+def tick(ctx: HandlerContext) -> str:
+    """A plain job: no record, no fence; its effect row (record 0) commits with its outcome."""
+    _pause(ctx.params)
+    SoakEffect.objects.create(
+        job_id=ctx.job.pk,
+        entity_id=PLAIN,
+        generation=0,
+        version=0,
+        counter=0,
+        claim=journal.claim_key(ctx.job.owner, ctx.job.started_at),
+    )
+    return "ok"
+
+
+@tombstones.handler("soak.ping", external=True, plain=True)
+@traced
+def ping(ctx: HandlerContext) -> str:
     return _call(ctx)
