@@ -85,14 +85,16 @@ def check_enqueue(
     return Checked(found, pk, generation, version, clean)
 
 
-def check_plain_enqueue(handler: str, *, params: Any, run_after: Any) -> tuple[Handler, dict]:
+def check_plain_enqueue(
+    handler: str, *, params: Any, run_after: Any
+) -> tuple[Handler, dict[str, Any]]:
     """Check what enqueue_plain() is given: a handler that runs plain jobs, the params (no
     record: the size, the types and the text checks only), run_after."""
     found = get_handler(handler)
     if not found.plain:
         raise MissingFence(
             f"Handler {handler!r} acts on a record: enqueue its jobs with enqueue(handler, "
-            "record); only a handler registered to run plain jobs (a task's) runs for none."
+            "record); only a handler registered with plain=True (a task's is) runs for none."
         )
     if run_after is not None:
         check_run_after(run_after)
@@ -209,7 +211,7 @@ _ADDRESS = re.compile(r"[^\s@<>()\[\],;:\"']+@[^\s@<>()\[\],;:\"']+\.[^\s@<>()\[
 
 
 def _refuse_addresses(texts: list[str]) -> None:
-    """A plain job's params hold no e-mail address (named by position, never shown)."""
+    """A plain job's params hold no e-mail address (named as such, never shown)."""
     for text in texts:
         if _ADDRESS.search(text):
             raise InvalidParams(
