@@ -15,7 +15,7 @@ from .states import CLAIMABLE, HOLDING, QUEUED, RUNNING, SUSPECT, UNFINISHED, WA
 
 __all__ = ["Dashboard", "Job", "JobEvent", "Lane", "OutcomeRollup", "Rejection"]
 
-# The lanes of plain jobs (tasks for no record): one lane each, never locked (ledger.lanes).
+# The lanes of plain jobs (tasks for no record): one lane each, never locked (ledger.insert).
 PLAIN_LANE_PREFIX = "plain:"
 
 
@@ -258,7 +258,7 @@ class Job(models.Model):
                 name="tombstones_job_finished",
                 condition=models.Q(finished_at__isnull=False),
             ),
-            # The waiting jobs of a priority above 0, highest first (ledger.heads.prioritized):
+            # The waiting jobs of a priority above 0, highest first (ledger.priorities):
             # only they are in it, so a claim's look at it costs nothing when no job has one.
             models.Index(
                 F("priority").desc(),
