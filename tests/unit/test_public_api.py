@@ -28,6 +28,7 @@ def test_public_api__the_package_names() -> None:
         "__version__",
         "enqueue",
         "enqueue_many",
+        "enqueue_plain",
         "handler",
     }
     for name in ("enqueue", "enqueue_many"):
@@ -36,6 +37,9 @@ def test_public_api__the_package_names() -> None:
         assert inspect.signature(function).parameters["ordering_key"].kind is (
             inspect.Parameter.KEYWORD_ONLY
         )
+    for name in ("enqueue", "enqueue_many", "enqueue_plain"):
+        keyword = inspect.signature(getattr(tombstones, name)).parameters["priority"]
+        assert (keyword.kind, keyword.default) == (inspect.Parameter.KEYWORD_ONLY, 0)
     assert callable(tombstones.handler("tests.public-api-probe"))  # a decorator, not yet applied
     assert tombstones.TransientError is exceptions.TransientError
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
