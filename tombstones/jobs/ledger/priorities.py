@@ -7,10 +7,8 @@ never changes: the claim takes a lane's head, whatever job of it has the priorit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from django.core.exceptions import FieldDoesNotExist
 from django.db import connections
 from django.db.models import BooleanField, Value
 from django.db.models.expressions import RawSQL
@@ -59,7 +57,8 @@ def read(
     parts, params = [], []
     for n, (part, mark) in enumerate(((top, 1), (query, 0))):
         sliced = part.annotate(part=Value(mark)).values_list(*columns, "part")[:limit]
-        sql, more = sliced.query.get_compiler(db).as_sql()
+        compiler = sliced.query.get_compiler(db)
+        sql, more = compiler.as_sql()
         if mark and conn.vendor == "sqlite":
             # Without statistics SQLite reads the due jobs through another index and sorts
             # them: the whole backlog, for none of it has a priority.
@@ -70,38 +69,9 @@ def read(
     with conn.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         found = cursor.fetchall()
-    first += _distinct(row[0] for row in found if row[-1] == 1)
-    convert = _converters(conn, columns)
-    rows = []
-    for row in found:
-        if row[-1] == 0:
-            rows.append(tuple(_as_field(conn, convert.get(n), v) for n, v in enumerate(row[:-1])))
-    return rows
-
-
-def _converters(conn: Any, columns: Sequence[str]) -> dict[int, tuple[Any, list[Any]]]:
-    """What Django's compiler does to the columns a raw read returns (SQLite's datetimes come
-    back naive strings or datetimes: made aware, as a queryset makes them)."""
-    found = {}
-    for n, name in enumerate(columns):
-        try:
-            field = Job._meta.get_field(name)
-        except FieldDoesNotExist:
-            continue
-        col = field.get_col(Job._meta.db_table)  # type: ignore[union-attr]
-        convert = conn.ops.get_db_converters(col) + field.get_db_converters(conn)  # type: ignore[union-attr]
-        if convert:
-            found[n] = (col, convert)
-    return found
-
-
-def _as_field(conn: Any, convert: tuple[Any, list[Any]] | None, value: Any) -> Any:
-    if convert is not None:
-        col, functions = convert
-        for function in functions:
-            value = function(value, col, conn)
-    return value
-
-
-def _distinct(values: Any) -> list[str]:
-    return list(dict.fromkeys(values))
+    first += [row[0] for row in found if row[-1] == 1]  # the caller keeps each lane once
+    # The scan's rows as its queryset would give them (SQLite's datetimes made aware): the
+    # converters of its own compiler, the last one compiled.
+    converters = compiler.get_converters([column for column, _, _ in compiler.select])
+    rows = compiler.apply_converters((row for row in found if row[-1] == 0), converters)
+    return [tuple(row[:-1]) for row in rows]
