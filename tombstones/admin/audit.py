@@ -109,9 +109,14 @@ def timeline_url(content_type_id: int | None, object_id: str) -> str:
 PLAIN = gettext_lazy("none: a plain task")
 
 
+def plain_note() -> str:
+    """The record column of a plain job."""
+    return format_html('<span class="tg-note tg-plain">{}</span>', PLAIN)
+
+
 def _record_link(obj: Job | JobEvent) -> str:
     if obj.content_type_id is None:
-        return format_html('<span class="tg-note tg-plain">{}</span>', PLAIN)
+        return plain_note()
     # The reference may wrap after its dot in a narrow column.
     url = timeline_url(obj.content_type_id, obj.object_id)
     return format_html('<a href="{}">{}</a>', url, breakable(record_ref(obj)))

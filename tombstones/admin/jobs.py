@@ -31,6 +31,7 @@ from .audit import (
     ReadOnlyAdmin,
     breakable,
     generation_version,
+    plain_note,
     record_ref,
     time_column,
     timeline_url,
@@ -125,7 +126,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
     @admin.display(description=gettext_lazy("record"), ordering="object_id")
     def record_snapshot(self, obj: Job) -> str:
         if obj.is_plain:
-            return format_html('<span class="tg-note tg-plain">{}</span>', PLAIN)
+            return plain_note()
         # The reference may wrap after its dot (a narrow column); the snapshot under it.
         return format_html(
             '<a href="{}">{}</a><br><span class="tg-note">{}</span>',
