@@ -85,6 +85,11 @@ def run(job: Job) -> Job:
     return job
 
 
+def job_of(result: Any) -> Job:
+    """The job behind a task's result (its id is the job's)."""
+    return Job.objects.get(pk=int(result.id))
+
+
 def make_due(job: Job) -> None:
     """Back-date run_after instead of sleeping through a backoff (and its lane's hint, which
     comes due with it: a retry's ``ready_at`` is its ``run_after``)."""

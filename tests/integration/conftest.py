@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management import call_command
@@ -29,3 +31,13 @@ def auditor() -> User:
     user = User.objects.create_user("auditor", password="pw", is_staff=True)
     user.groups.add(Group.objects.get(name=AUDITORS))
     return user
+
+
+@pytest.fixture
+def tasks_forgotten() -> Iterator[None]:
+    """What tests.tasks' functions saw (``tasks.seen``), empty before and after the test."""
+    from tests import tasks
+
+    tasks.seen.clear()
+    yield
+    tasks.seen.clear()

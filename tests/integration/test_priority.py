@@ -11,16 +11,13 @@ import tombstones
 from project.customers.models import Customer
 from tests import tasks
 from tests.factories import SheetRowFactory
+from tests.jobkit import job_of
 from tombstones.exceptions import InvalidPriority
 from tombstones.jobs import ledger
 from tombstones.models import Job
 from tombstones.tasks.compat import InvalidTask
 
 pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
-
-
-def job_of(result: Any) -> Job:
-    return Job.objects.get(pk=int(result.id))
 
 
 def taken(size: int) -> list[int]:

@@ -4,7 +4,6 @@ jobs (tombstones.worker.run) against the real database. The real cluster: tests/
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from django.db import transaction
 from project.customers.models import Customer, SheetRow
 from tests import tasks
 from tests.factories import SheetRowFactory
-from tests.jobkit import run
+from tests.jobkit import job_of, run
 from tombstones.exceptions import InvalidParams, RecordDeleted, UnfencedTask
 from tombstones.jobs import registry
 from tombstones.models import Job
@@ -28,28 +27,17 @@ from tombstones.tasks.compat import (
 )
 from tombstones.testing import RaceFixture
 
-pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
+pytestmark = [pytest.mark.tasks, pytest.mark.django_db, pytest.mark.usefixtures("tasks_forgotten")]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
 PLANTED = "Zebediah Quarrington-Vole"
 
 
-@pytest.fixture(autouse=True)
-def _seen() -> Iterator[None]:
-    tasks.seen.clear()
-    yield
-    tasks.seen.clear()
-
-
 @pytest.fixture
 def customer() -> Customer:
     row = SheetRowFactory(customer__name=PLANTED, customer__email="zebediah@vole.test")
     return row.customer  # type: ignore[no-any-return]
-
-
-def job_of(result: Any) -> Job:
-    return Job.objects.get(pk=int(result.id))
 
 
 def finish(result: Any) -> Any:

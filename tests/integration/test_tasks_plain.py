@@ -4,7 +4,6 @@ on a real cluster: tests/acceptance/test_tasks_cluster.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -16,32 +15,21 @@ from django.urls import reverse
 from project.customers.models import Customer
 from tests import tasks
 from tests.factories import SheetRowFactory
-from tests.jobkit import events, run, temp_handler
+from tests.jobkit import events, job_of, run, temp_handler
 from tombstones.exceptions import InvalidOrderingKey, InvalidParams, MissingFence, UnfencedTask
 from tombstones.jobs import ledger
 from tombstones.jobs.enqueue import enqueue, enqueue_plain
 from tombstones.models import Job, JobEvent
 from tombstones.tasks.compat import TaskResultStatus
 
-pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
+pytestmark = [pytest.mark.tasks, pytest.mark.django_db, pytest.mark.usefixtures("tasks_forgotten")]
 
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
-
-
-@pytest.fixture(autouse=True)
-def _seen() -> Iterator[None]:
-    tasks.seen.clear()
-    yield
-    tasks.seen.clear()
 
 
 @pytest.fixture
 def customer() -> Customer:
     return SheetRowFactory().customer  # type: ignore[no-any-return]
-
-
-def job_of(result: Any) -> Job:
-    return Job.objects.get(pk=int(result.id))
 
 
 def finish(result: Any) -> Any:
