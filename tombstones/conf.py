@@ -6,6 +6,7 @@ Every setting has a documented default (see docs/settings.md). A malformed value
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -59,6 +60,25 @@ def _as_dict(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ImproperlyConfigured(f"TOMBSTONES_{name} must be a dict.")
     return value
+
+
+# A queue's name: it is part of its lanes' keys ("queue:<name>/<key>"), so no "/".
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _as_queues(name: str, value: Any) -> dict[str, str | None]:
+    found = _as_dict(name, value)
+    for queue, cluster in found.items():
+        if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+            raise ImproperlyConfigured(
+                f"TOMBSTONES_{name}: {queue!r} is no queue name (1 to 64 letters, digits, "
+                "'_', '-' or '.')."
+            )
+        if cluster is not None and (not isinstance(cluster, str) or not cluster):
+            raise ImproperlyConfigured(
+                f"TOMBSTONES_{name}[{queue!r}] must be a django-q2 cluster's name or None."
+            )
+    return found
 
 
 @dataclass(frozen=True)
@@ -129,6 +149,10 @@ _SETTINGS: dict[str, _Setting] = {
     "WAKE_BUDGET": _Setting(500, "int", 1),
     # Extra options passed to django_q.tasks.async_task (e.g. {"cluster": "jobs"}).
     "Q_OPTIONS": _Setting({}, "dict"),
+    # Named queues beside "default", each with the django-q2 cluster that serves it (None: the
+    # cluster the wake-ups go to, TOMBSTONES_Q_OPTIONS["cluster"] or Q_CLUSTER's name). The
+    # queues of a TombstoneBackend's QUEUES are known too, served by that cluster.
+    "QUEUES": _Setting({}, "queues"),
     # Largest accepted job params, in bytes of their compact UTF-8 JSON: ids and options fit.
     "PARAMS_MAX_BYTES": _Setting(65536, "int", 2),
     # Defaults of `manage.py racefixture`: {"model": "app.Model", "handler": "name"}.
@@ -159,6 +183,8 @@ class TombstoneSettings:
             return value
         if spec.kind == "float":
             return _as_float(name, value, spec.minimum)
+        if spec.kind == "queues":
+            return _as_queues(name, value)
         return _as_dict(name, value)
 
     @property
@@ -212,6 +238,10 @@ class TombstoneSettings:
     @property
     def Q_OPTIONS(self) -> dict[str, Any]:
         return dict(self._get("Q_OPTIONS"))
+
+    @property
+    def QUEUES(self) -> dict[str, str | None]:
+        return dict(self._get("QUEUES"))
 
     @property
     def PARAMS_MAX_BYTES(self) -> int:

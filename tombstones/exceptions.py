@@ -149,3 +149,8 @@ class JobCancelled(TombstoneError):
 
 class OutcomeUncertain(TombstoneError):
     """An external call may or may not have landed: it is never repeated by itself."""
+
+
+class UnknownQueue(TombstoneError, ValueError):
+    """A job's queue must be "default", a key of TOMBSTONES_QUEUES or in a TombstoneBackend's
+    QUEUES."""

@@ -260,7 +260,9 @@ def timer_ticks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(
         seen["alarms"], "ring_in", lambda delay: seen["armed"].append(delay) or True
     )
-    monkeypatch.setattr(wakeups, "wake_soon", lambda job_id=None: seen["woken"].append(job_id))
+    monkeypatch.setattr(
+        wakeups, "wake_soon", lambda job_id=None, **options: seen["woken"].append(job_id)
+    )
     return seen
 
 

@@ -32,7 +32,7 @@ Reason = Job.Reason
 def woken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Wake-ups the sweep sent (the message itself is not sent)."""
     calls: list[int] = []
-    monkeypatch.setattr(sweep_module, "wake_soon", calls.append)
+    monkeypatch.setattr(sweep_module, "wake_soon", lambda job_id, **options: calls.append(job_id))
     return calls
 
 
@@ -44,7 +44,7 @@ def entity(db: None) -> StressEntity:
 @pytest.fixture(autouse=True)
 def _no_wake_on_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
     # Enqueued jobs stay queued: these tests drive the sweep, not a worker.
-    monkeypatch.setattr("tombstones.jobs.enqueue.wake_soon", lambda job_id: None)
+    monkeypatch.setattr("tombstones.jobs.enqueue.wake_soon", lambda job_id, **options: None)
 
 
 def _claimed(entity: StressEntity, handler: str = "stress.apply") -> ledger.Claim:

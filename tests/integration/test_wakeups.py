@@ -81,9 +81,9 @@ def test_gate__a_failed_send_opens_it_again(
 ) -> None:
     real_wake, calls = wakeups.wake, []
 
-    def first_send_fails(reason: int | None = None) -> str | None:
+    def first_send_fails(reason: int | None = None, **options: Any) -> str | None:
         calls.append(reason)
-        return None if len(calls) == 1 else real_wake(reason)
+        return None if len(calls) == 1 else real_wake(reason, **options)
 
     monkeypatch.setattr(wakeups, "wake", first_send_fails)
     tombstones.enqueue("customers.update_sheet_row", CustomerFactory())

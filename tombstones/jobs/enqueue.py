@@ -11,9 +11,11 @@ from typing import Any
 from django.contrib.contenttypes.models import ContentType
 from django.db import connections, models, router, transaction
 
+from . import queues
 from .ledger import insert_job, insert_jobs
 from .models import PLAIN_LANE_PREFIX, Job
-from .validation import check_enqueue, check_plain_enqueue, check_priority
+from .queues import DEFAULT
+from .validation import check_enqueue, check_lane, check_plain_enqueue, check_priority
 from .wakeups import wake, wake_soon
 
 __all__ = ["default_lane", "enqueue", "enqueue_many", "enqueue_plain", "wake", "wake_soon"]
@@ -33,20 +35,24 @@ def enqueue(
     run_after: datetime | None = None,
     using: str | None = None,
     priority: int = 0,
+    queue: str = DEFAULT,
 ) -> Job:
     """Queue a fenced job for ``record`` and wake a worker once the caller's transaction commits.
 
     Every check runs before any SQL (:mod:`tombstones.validation`), so a refusal leaves the
     caller's transaction usable: UnknownHandler, NotATombstoneModel, MissingFence, RecordDeleted,
-    InvalidOrderingKey, InvalidRunAfter, InvalidParams, InvalidPriority.
+    InvalidOrderingKey, InvalidRunAfter, InvalidParams, InvalidPriority, UnknownQueue.
 
     ``priority`` (-100 to 100): among due lanes, a claim looks first at those with a job of a
-    higher priority; a lane's own order never changes.
+    higher priority; a lane's own order never changes. ``queue``: a named queue
+    (:mod:`.queues`), run by the workers that serve it; the record's lane there is the queue's
+    own.
     """
     found, pk, generation, version, clean = check_enqueue(
         handler, record, params=params, ordering_key=ordering_key, run_after=run_after
     )
     check_priority(priority)
+    lane = check_lane(queue, ordering_key or default_lane(record))
     db = using or router.db_for_write(Job)
     job = insert_job(
         db,
@@ -55,13 +61,14 @@ def enqueue(
         object_id=str(pk),
         generation=generation,
         version=version,
-        lane=ordering_key or default_lane(record),
+        lane=lane,
         params=clean,
         external=found.external,
         run_after=run_after,
         priority=priority,
+        queue=queue,
     )
-    wake_after_commit(db, job.pk)
+    wake_after_commit(db, job.pk, queue)
     return job
 
 
@@ -72,12 +79,14 @@ def enqueue_plain(
     run_after: datetime | None = None,
     using: str | None = None,
     priority: int = 0,
+    queue: str = DEFAULT,
 ) -> Job:
     """Queue a plain job: for no record, so no fence, and a lane of its own (it runs in
-    parallel with every other job); the same leases, retries, retention and privacy rules.
-    Its handler must run plain jobs (a task's does); MissingFence otherwise."""
+    parallel with every other job of its queue); the same leases, retries, retention and
+    privacy rules. Its handler must run plain jobs (a task's does); MissingFence otherwise."""
     found, clean = check_plain_enqueue(handler, params=params, run_after=run_after)
     check_priority(priority)
+    queues.check(queue)
     db = using or router.db_for_write(Job)
     job = insert_job(
         db,
@@ -91,8 +100,9 @@ def enqueue_plain(
         external=found.external,
         run_after=run_after,
         priority=priority,
+        queue=queue,
     )
-    wake_after_commit(db, job.pk)
+    wake_after_commit(db, job.pk, queue)
     return job
 
 
@@ -101,35 +111,40 @@ def plain_lane() -> str:
     return f"{PLAIN_LANE_PREFIX}{uuid.uuid4().hex}"
 
 
-def wake_after_commit(db: str, job_id: int) -> None:
-    """Wake a worker once the caller's transaction commits: one wake-up per transaction, not
-    per job (each is a broker round trip).
+def wake_after_commit(db: str, job_id: int, queue: str = DEFAULT) -> None:
+    """Wake a worker of ``queue``'s cluster once the caller's transaction commits: one wake-up
+    per transaction and cluster, not per job (each is a broker round trip).
 
-    A wake-up already registered serves this job too, and moves to the end of the callbacks
-    (with the savepoints it was registered in). Django drops a callback only when a savepoint it
-    was registered in rolls back; each of those is still open around this call, or was released
-    into one that is: either way its rollback drops this job as well.
+    A wake-up already registered serves this job too (told of its cluster), and moves to the
+    end of the callbacks (with the savepoints it was registered in). Django drops a callback
+    only when a savepoint it was registered in rolls back; each of those is still open around
+    this call, or was released into one that is: either way its rollback drops this job as
+    well.
     """
     conn = connections[db]
+    cluster = queues.cluster_of(queue)
     if conn.in_atomic_block:
         pending = conn.run_on_commit
         for n, entry in enumerate(pending):
             if isinstance(entry[1], _Wake):
+                entry[1].clusters.setdefault(cluster, job_id)
                 # Last, after what this enqueue's caller registered before it (a task's
                 # task_enqueued): every job of the transaction is announced before one runs.
                 pending.append(pending.pop(n))
                 return
-    transaction.on_commit(_Wake(job_id), using=db)
+    transaction.on_commit(_Wake({cluster: job_id}), using=db)
 
 
 class _Wake:
-    """The after-commit callback of an enqueue (a class: :func:`wake_after_commit` finds it)."""
+    """The after-commit callback of an enqueue (a class: :func:`wake_after_commit` finds it):
+    a wake-up for each cluster the transaction's jobs go to, named by its first job."""
 
-    def __init__(self, job_id: int) -> None:
-        self.job_id = job_id
+    def __init__(self, clusters: dict[str, int]) -> None:
+        self.clusters = clusters
 
     def __call__(self) -> None:
-        wake_soon(self.job_id)
+        for cluster, job_id in self.clusters.items():
+            wake_soon(job_id, cluster=cluster)
 
 
 def enqueue_many(
@@ -141,6 +156,7 @@ def enqueue_many(
     run_after: datetime | None = None,
     using: str | None = None,
     priority: int = 0,
+    queue: str = DEFAULT,
 ) -> list[Job]:
     """Queue one fenced job per record, as :func:`enqueue` would queue each in turn, in one
     INSERT, with one wake-up once the caller's transaction commits.
@@ -151,16 +167,13 @@ def enqueue_many(
     every job, checked against each record.
     """
     check_priority(priority)
-    found: list[tuple[models.Model, Any]] = []
+    queues.check(queue)
+    found: list[tuple[models.Model, Any, str]] = []
     for record in records:
-        found.append(
-            (
-                record,
-                check_enqueue(
-                    handler, record, params=params, ordering_key=ordering_key, run_after=run_after
-                ),
-            )
+        checked = check_enqueue(
+            handler, record, params=params, ordering_key=ordering_key, run_after=run_after
         )
+        found.append((record, checked, check_lane(queue, ordering_key or default_lane(record))))
     if not found:
         return []
     db = using or router.db_for_write(Job)
@@ -172,13 +185,14 @@ def enqueue_many(
             "object_id": str(checked.pk),
             "generation": checked.generation,
             "version": checked.version,
-            "lane": ordering_key or default_lane(record),
+            "lane": lane,
             "params": checked.params,
             "external": checked.handler.external,
             "priority": priority,
+            "queue": queue,
         }
-        for record, checked in found
+        for record, checked, lane in found
     ]
     jobs = insert_jobs(db, rows, run_after=run_after)
-    wake_after_commit(db, jobs[0].pk)
+    wake_after_commit(db, jobs[0].pk, queue)
     return jobs

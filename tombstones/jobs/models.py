@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +12,7 @@ from django.db.models import DurationField, Exists, ExpressionWrapper, F, Min, O
 from django.db.models.functions import Now
 
 from . import queries, states
+from .queues import known as known_queues
 from .states import CLAIMABLE, HOLDING, QUEUED, RUNNING, SUSPECT, UNFINISHED, WAITING
 
 __all__ = ["Dashboard", "Job", "JobEvent", "Lane", "OutcomeRollup", "Rejection"]
@@ -89,11 +91,32 @@ class JobQuerySet(models.QuerySet["Job"]):
         engine's own notion of "something may be due", read from a small index."""
         return self.filter(queries.hinted()).order_by("ready_at", "id")
 
-    def oldest_hint_wait(self) -> timedelta | None:
-        """How long the oldest due hint has waited for a claim to look at it; None if none."""
+    def first_hints(self, queues: Iterable[str]) -> dict[str, int]:
+        """The job of each of ``queues``' first due hint (queues with none left out): one index
+        probe per queue (the hint index starts with the queue)."""
+        found = {}
+        for queue in queues:
+            head = (
+                self._hints_of(queue).filter(queries.hinted()).values_list("id", flat=True).first()
+            )
+            if head is not None:
+                found[queue] = head
+        return found
+
+    def oldest_hint_wait(self, queues: Iterable[str] | None = None) -> timedelta | None:
+        """How long the oldest due hint of ``queues`` (default: every queue) has waited for a
+        claim to look at it; None if none."""
         waited = ExpressionWrapper(Now() - F("ready_at"), output_field=DurationField())
-        found = self.hinted().annotate(waited=waited).values_list("waited", flat=True)
-        return found.first()
+        waits = []
+        for queue in known_queues() if queues is None else queues:
+            found = self._hints_of(queue).filter(queries.hinted()).annotate(waited=waited)
+            waits.append(found.values_list("waited", flat=True).first())
+        return max((w for w in waits if w is not None), default=None)
+
+    def _hints_of(self, queue: str) -> JobQuerySet:
+        """``queue``'s hints, due or not, in the hint index's order (one range of it)."""
+        found = self.filter(queries.hint_range(self.db, queue))
+        return found.order_by("queue", "ready_at", "id")
 
     def oldest_due(self) -> JobQuerySet:
         """The due jobs, the one due longest ago first, each with ``waited``: how long it has
@@ -105,25 +128,23 @@ class JobQuerySet(models.QuerySet["Job"]):
         waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
         return self.claimable().annotate(waited=waited).order_by("run_after", "id")
 
-    def next_due_in(self) -> timedelta | None:
-        """How long until something becomes due (a delayed job, a retry, a lease's end), in the
-        database's clock; None when nothing waits.
+    def next_due_in(self, queues: Iterable[str] | None = None) -> timedelta | None:
+        """How long until something of ``queues`` (default: every queue) becomes due (a delayed
+        job, a retry, a lease's end), in the database's clock; None when nothing waits.
 
-        Two reads of small indexes: the hints (a delayed job's or a retry's lane is looked at
-        when it is due) and the jobs claims hold (their leases).
+        Reads of small indexes: each queue's first hint (a delayed job's or a retry's lane is
+        looked at when it is due) and the jobs claims hold (their leases).
         """
-        # The first hint in the hint index's order (MIN of an expression would read them all).
-        hint = (
-            self.filter(ready_at__isnull=False)
-            .order_by("ready_at", "id")
-            .values_list(queries.from_now("ready_at"), flat=True)
-            .first()
-        )
+        waits = []
+        for queue in known_queues() if queues is None else queues:
+            # The first hint in the hint index's order (MIN of an expression would read them all).
+            hint = self._hints_of(queue).values_list(queries.from_now("ready_at"), flat=True)
+            waits.append(hint.first())
         lease = self.filter(queries.held()).aggregate(
             at=Min(queries.from_now("lease_expires_at"), filter=Q(status=RUNNING))
         )["at"]
-        waits = [w for w in (hint, lease) if w is not None]
-        return max(min(waits), timedelta(0)) if waits else None
+        found = [w for w in (*waits, lease) if w is not None]
+        return max(min(found), timedelta(0)) if found else None
 
 
 class Job(models.Model):
@@ -156,6 +177,11 @@ class Job(models.Model):
     version = models.PositiveIntegerField(null=True, help_text="Snapshot at enqueue.")
     lane = models.CharField(
         "ordering key", max_length=255, help_text="Jobs of one key run one at a time, in order."
+    )
+    # Its queue: the first key of the hint and priority indexes, so that a worker serving some
+    # queues reads only theirs (tombstones.jobs.queues).
+    queue = models.CharField(
+        max_length=64, default="default", db_default="default", help_text="Its named queue."
     )
     status = models.CharField(max_length=16, choices=Status, default=Status.QUEUED)
     reason = models.CharField(max_length=32, choices=Reason, default=Reason.NONE, blank=True)
@@ -230,7 +256,7 @@ class Job(models.Model):
             # The claims' hints, in the order they came due, and by lane (a claim clears every
             # hint of a lane it looked at); a few rows at any time.
             models.Index(
-                fields=["ready_at", "id"],
+                fields=["queue", "ready_at", "id"],
                 name="tombstones_job_hint",
                 condition=models.Q(ready_at__isnull=False),
             ),
@@ -261,6 +287,7 @@ class Job(models.Model):
             # The waiting jobs of a priority above 0, highest first (ledger.priorities):
             # only they are in it, so a claim's look at it costs nothing when no job has one.
             models.Index(
+                "queue",
                 F("priority").desc(),
                 "run_after",
                 "id",

@@ -21,6 +21,7 @@ from django.utils.translation import gettext_lazy
 
 from . import ledger, queries
 from .models import Job, JobEvent
+from .queues import cluster_of
 from .wakeups import wake_soon
 
 Status = Job.Status
@@ -57,7 +58,7 @@ def staff_ref(user_pk: object) -> str:
 
 def _wake_next(job: Job) -> None:
     # Its lane's next job may be due now.
-    _after_commit(job, partial(wake_soon, job.pk))
+    _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
 
 
 def resolve_delivered(job: Job, seen: str, by: str = "") -> bool:
@@ -88,7 +89,7 @@ def resolve_resend(job: Job, seen: str, by: str = "") -> bool:
         lease_expires_at=None,
     )
     if applied:
-        _after_commit(job, partial(wake_soon, job.pk))
+        _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
     return applied
 
 
@@ -110,7 +111,7 @@ def resume(job: Job, seen: str, by: str = "") -> bool:
         job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED, by=by
     )
     if applied:
-        _after_commit(job, partial(wake_soon, job.pk))
+        _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
     return applied
 
 
@@ -157,7 +158,7 @@ def requeue(job: Job, seen: str, by: str = "") -> bool:
         lease_expires_at=None,
     )
     if applied:
-        _after_commit(job, partial(wake_soon, job.pk))
+        _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
     return applied
 
 

@@ -29,6 +29,7 @@ from ..exceptions import (
 )
 from ..records.mixin import TombstoneModel
 from ..records.options import PROTECTED_FIELDS, get_options
+from . import queues
 from .models import PLAIN_LANE_PREFIX
 from .registry import Handler, get_handler
 
@@ -140,12 +141,30 @@ def check_ordering_key(key: Any) -> None:
             f"An ordering key cannot start with {PLAIN_LANE_PREFIX!r}: the lanes of plain jobs "
             "(tasks for no record) do, one job each."
         )
+    if key.startswith(queues.LANE_PREFIX):
+        raise InvalidOrderingKey(
+            f"An ordering key cannot start with {queues.LANE_PREFIX!r}: the lanes of the named "
+            "queues do (give the job its queue instead)."
+        )
     for position, char in enumerate(key):
         if unicodedata.category(char) in ("Cc", "Cs"):
             raise InvalidOrderingKey(
                 f"An ordering key must not contain control characters "
                 f"(U+{ord(char):04X} at position {position})."
             )
+
+
+def check_lane(queue: Any, key: str) -> str:
+    """The lane of ``key`` in ``queue`` (a known queue: UnknownQueue otherwise), if it fits the
+    lane's column (InvalidOrderingKey otherwise)."""
+    lane = queues.lane(queues.check(queue), key)
+    if len(lane) > MAX_ORDERING_KEY_LENGTH:
+        raise InvalidOrderingKey(
+            f"In queue {queue!r} an ordering key has at most "
+            f"{MAX_ORDERING_KEY_LENGTH - len(lane) + len(key)} characters (its lane is "
+            f"{queues.LANE_PREFIX!r}, the queue's name and '/' before it); this one has {len(key)}."
+        )
+    return lane
 
 
 # Django's tasks framework's range (TASK_MIN_PRIORITY, TASK_MAX_PRIORITY).

@@ -16,7 +16,11 @@ no pump is certain to look after the job committed:
   its pump will look after the job committed. Other tasks sharing the queue do not count.
 
 A pump that leaves due lane heads to other workers sends one *helper* message at a time (a
-second key), so that different lanes run in parallel. Every failure to ask the broker answers
+second key), so that different lanes run in parallel.
+
+Each queue's wake-ups go to the django-q2 cluster that serves it (:mod:`.queues`), each
+cluster with a gate and a helper key of its own; a pump's own messages (a hand-off, a helper)
+go to the cluster it runs in. Every failure to ask the broker answers
 "send the message": unknown never loses a wake-up, and a lost message is the sweep's to repair.
 """
 
@@ -33,6 +37,7 @@ from django.utils import timezone
 
 from ..conf import tombstone_settings
 from .cluster import runs_in_sync
+from .queues import own_cluster
 
 logger = logging.getLogger("tombstones")
 
@@ -45,15 +50,15 @@ ORM_LOOKAHEAD = 3
 _brokers: dict[tuple[int, str], Any] = {}
 
 
-def broker() -> Any:
-    """The django-q2 broker of the configured queue, one per process and queue name.
+def broker(cluster: str | None = None) -> Any:
+    """The django-q2 broker of ``cluster`` (default: the one this process's pump serves, see
+    :func:`.queues.own_cluster`), one per process and cluster.
 
     It holds a connection: django-q2 would open one per message.
     """
     from django_q.brokers import get_broker
-    from django_q.conf import Conf
 
-    name = str(tombstone_settings.Q_OPTIONS.get("cluster") or Conf.CLUSTER_NAME)
+    name = cluster or own_cluster()
     key = (os.getpid(), name)
     found = _brokers.get(key)
     if found is None:
@@ -63,17 +68,20 @@ def broker() -> Any:
 
 @receiver(setting_changed)
 def _forget_brokers(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("Q_CLUSTER", "TOMBSTONES_Q_OPTIONS"):
+    if setting in ("Q_CLUSTER", "TOMBSTONES_Q_OPTIONS", "TOMBSTONES_QUEUES"):
         _brokers.clear()
 
 
-def wake(reason: int | None = None) -> str | None:
-    """Send one wake-up message; ``reason`` (a job id) is only shown in django-q2's task name."""
+def wake(reason: int | None = None, *, cluster: str | None = None) -> str | None:
+    """Send one wake-up message to ``cluster`` (default: this process's own, see
+    :func:`broker`); ``reason`` (a job id) is only shown in django-q2's task name."""
     from django_q.tasks import async_task
 
+    name = cluster or own_cluster()
     options = {"group": "tombstones", "ack_failure": True, **tombstone_settings.Q_OPTIONS}
+    options["cluster"] = name
     try:
-        return async_task(TASK, reason, broker=broker(), **options)
+        return async_task(TASK, reason, broker=broker(name), **options)
     except Exception as exc:  # noqa: BLE001 - any broker failure: the sweep wakes the job later
         missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
         logger.error(
@@ -86,15 +94,17 @@ def wake(reason: int | None = None) -> str | None:
         return None
 
 
-def wake_soon(reason: int | None = None) -> str | None:
-    """Wake a pump unless one is certain to look after now (see the module docstring)."""
+def wake_soon(reason: int | None = None, *, cluster: str | None = None) -> str | None:
+    """Wake a pump of ``cluster`` (default: this process's own; an enqueue names its queue's,
+    :func:`.queues.cluster_of`) unless one is certain to look after now (see the module
+    docstring)."""
     if runs_in_sync():
-        return wake(reason)
-    if not _take("gate"):
+        return wake(reason, cluster=cluster)
+    if not _take("gate", cluster):
         return None
-    sent = wake(reason)
+    sent = wake(reason, cluster=cluster)
     if sent is None:
-        _release("gate")  # nothing will open it: let the next enqueue send its message
+        _release("gate", cluster)  # nothing will open it: let the next enqueue send its message
     return sent
 
 
@@ -169,12 +179,13 @@ def ours_waiting(found: Any) -> bool:
         return False
 
 
-def _take(name: str) -> bool:
-    """Set the key if unset (it expires): True if this process set it, so it sends the message.
+def _take(name: str, cluster: str | None = None) -> bool:
+    """Set ``cluster``'s key if unset (it expires): True if this process set it, so it sends
+    the message.
 
     Without Redis: True unless one of our messages waits in the broker.
     """
-    found = broker()
+    found = broker(cluster)
     client = _redis(found)
     if client is None:
         return not ours_waiting(found)
@@ -196,11 +207,12 @@ def _rearm(name: str) -> None:
         logger.warning("could not re-arm the wake-up %s key", name)
 
 
-def _release(name: str) -> bool:
-    """Delete the key: True with Redis, False with any other broker (nothing to do)."""
+def _release(name: str, cluster: str | None = None) -> bool:
+    """Delete ``cluster``'s key: True with Redis, False with any other broker (nothing to
+    do)."""
     if runs_in_sync():
         return False
-    found = broker()
+    found = broker(cluster)
     client = _redis(found)
     if client is None:
         return False

@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .. import ledger, wakeups
+from .. import ledger, queues, wakeups
 from ..cluster import in_cluster_worker
 from ..models import Job
 
@@ -120,7 +120,7 @@ class Alarms:
         if not in_cluster_worker():
             return False
         try:
-            wait = Job.objects.using(using).next_due_in()
+            wait = Job.objects.using(using).next_due_in(queues.served())
         except DatabaseError:
             return False  # the sweep is the fallback
         return wait is not None and self.ring_in(wait)
@@ -133,7 +133,8 @@ class Alarms:
         """
         taken = ledger.take_back_lapsed(using)
         # A hint that came due: a lane to look at (read from the hints' index, not the backlog).
-        head = Job.objects.using(using).hinted().values_list("id", flat=True).first()
+        heads = Job.objects.using(using).first_hints(queues.served())
+        head = min(heads.values(), default=None)
         if head is not None:
             if after_failure:
                 wakeups.hand_off(head)

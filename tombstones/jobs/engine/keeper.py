@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from django.db import DatabaseError, connections
 
 from ...conf import tombstone_settings
-from .. import ledger, wakeups
+from .. import ledger, queues, wakeups
 from ..cluster import in_cluster_worker, runs_in_sync
 from ..ledger import Claim
 from ..models import Job
@@ -135,7 +135,7 @@ class LeaseKeeper:
             return None  # nothing else would run it here (tests, commands driving the phases)
         try:
             wakeups.open_gate()
-            oldest = Job.objects.using(db).oldest_hint_wait()
+            oldest = Job.objects.using(db).oldest_hint_wait(queues.served())
             if oldest is None:
                 return None  # what is enqueued from now on sends its own message
             if oldest.total_seconds() >= WATCH_SECONDS:

@@ -30,7 +30,7 @@ from django.db import DatabaseError, router
 
 from ...conf import tombstone_settings
 from ...signals import job_claimed, send_hook
-from .. import ledger, wakeups
+from .. import ledger, queues, wakeups
 from ..cluster import cluster_workers, in_cluster_worker
 from ..ledger import Claim, Outcome
 from ..models import Job
@@ -82,6 +82,7 @@ class WorkerProcess:
                 workers=workers,
                 whole=bool(self.quick),
                 using=db,
+                queues=queues.served(),
             )
             if claim is None:
                 if not opened and wakeups.open_gate():

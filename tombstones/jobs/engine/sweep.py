@@ -13,7 +13,7 @@ from typing import Any
 from django_q.models import Schedule
 
 from ...conf import tombstone_settings
-from .. import ledger, queries
+from .. import ledger, queries, queues
 from ..models import Job, JobEvent
 from ..wakeups import wake_soon
 
@@ -47,12 +47,14 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
         counts["resumed"] += ledger.transition(
             job, Status.QUEUED, Reason.NONE, from_status=(Status.PAUSED,), event=Event.RESUMED
         )
-    head = None
+    woken: dict[str, int] = {}
     if dispatch:
-        head = Job.objects.using(using).hinted().values_list("id", flat=True).first()
-        if head is not None:
-            wake_soon(head)
-    counts["dispatched"] = int(head is not None)
+        # A due hint in a queue: a wake-up for the cluster serving it, one per cluster.
+        for queue, head in Job.objects.using(using).first_hints(queues.known()).items():
+            woken.setdefault(queues.cluster_of(queue), head)
+        for cluster, head in woken.items():
+            wake_soon(head, cluster=cluster)
+    counts["dispatched"] = len(woken)
     counts["folded"] = ledger.rollup.fold(using)
     return counts
 

@@ -28,6 +28,8 @@ from django.utils import timezone
 from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
+from ..queues import DEFAULT
+from ..queues import known as known_queues
 from ..states import Status
 from . import heads, hint_floor, lanes
 
@@ -127,6 +129,7 @@ def claim(
     whole: bool = False,
     ids: Sequence[int] | None = None,
     using: str | None = None,
+    queues: Sequence[str] | None = None,
 ) -> Claim | None:
     """Take due lane heads in one transaction (committed): running, leased, attempt + 1.
 
@@ -140,14 +143,20 @@ def claim(
     claim ended without an outcome (a crash) is taken alone, so that a job that kills its worker
     is told apart from its batch-mates. The unique running-lane index is the last word. Returns
     None when nothing is due.
+
+    ``queues``: the lanes of these queues only (default: every queue; ``ids`` names its jobs
+    whatever their queue).
     """
     db = using or router.db_for_write(Job)
+    served = tuple(queues) if queues is not None else known_queues()
+    if not served and ids is None:
+        return None  # a cluster that serves no queue (logged by .queues)
     # Hints are read from this process's floor on (see .hint_floor).
-    floor = hint_floor.current(db) if ids is None else None
+    floor = hint_floor.current((db, served)) if ids is None else None
     seen = None
     size = limit
     if not whole and ids is None and workers > 1:
-        seen = heads.due_lanes(limit * workers, using=db, floor=floor)
+        seen = heads.due_lanes(limit * workers, using=db, floor=floor, queues=served)
         if not seen:
             return None
         size = max(1, min(limit, math.ceil(seen / workers)))
@@ -158,7 +167,7 @@ def claim(
         try:
             with transaction.atomic(using=db):
                 taken, picked, more = _take(
-                    db, size, scan, token, wid, whole=whole, ids=ids, floor=floor
+                    db, size, scan, token, wid, whole=whole, ids=ids, floor=floor, queues=served
                 )
         except IntegrityError:
             # The unique running-lane index refused a second running job of a lane (a lane
@@ -204,10 +213,11 @@ def _take(
     whole: bool,
     ids: Sequence[int] | None,
     floor: datetime | None = None,
+    queues: Sequence[str] = (DEFAULT,),
 ) -> tuple[list[Job], heads.Picked, bool]:
     """One look, inside the claim's transaction: returns the jobs taken, the choice, and
-    whether more hints may be due than this look read (from ``floor`` on)."""
-    keys, more, ended = heads.read_lanes(db, scan, ids, floor)
+    whether more hints of ``queues`` may be due than this look read (from ``floor`` on)."""
+    keys, more, ended = heads.read_lanes(db, scan, ids, floor, queues)
     if not keys:
         return [], heads.Picked(), more
     count = size + 1 if whole and ids is None else 1

@@ -34,6 +34,7 @@ from django.db.models.sql import UpdateQuery
 from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
+from ..queues import DEFAULT
 from ..states import CLAIMABLE, SUSPECT, UNFINISHED, Status
 from . import hint_floor, priorities
 
@@ -178,19 +179,24 @@ def pick(
 
 
 def read_lanes(
-    db: str, scan: int, ids: Sequence[int] | None = None, floor: datetime | None = None
+    db: str,
+    scan: int,
+    ids: Sequence[int] | None = None,
+    floor: datetime | None = None,
+    queues: Sequence[str] = (DEFAULT,),
 ) -> tuple[list[str], bool, dict[str, list[Hint]]]:
-    """The lanes to look at, in the order their hints came due (at most ``scan`` hints read,
-    none below ``floor``: see :mod:`.hint_floor`), whether more hints may be due than were
-    read, and the hints read on finished jobs by lane (a job that ends hints its lane;
+    """The lanes of ``queues`` to look at, in the order their hints came due (at most ``scan``
+    hints read, none below ``floor``: see :mod:`.hint_floor`), whether more hints may be due
+    than were read, and the hints read on finished jobs by lane (a job that ends hints its lane;
     :func:`read_lanes_jobs` reads a lane's unfinished jobs only: it takes these as the lanes'
-    own). For ``ids``: those jobs' lanes."""
+    own). For ``ids``: those jobs' lanes, whatever their queue."""
     jobs = Job.objects.using(db)
     if ids is not None:
         found = jobs.filter(pk__in=list(ids)).order_by("queued_at", "id").values_list("lane")
         return _distinct(lane for (lane,) in found), False, {}
     first: list[str] = []  # the lanes of due jobs above priority 0, read with the hints
-    rows = _scan(db, floor, ("lane", "id", "ready_at", "status", "priority"), scan, first)
+    fields = ("lane", "id", "ready_at", "status", "priority")
+    rows = _scan(db, floor, fields, scan, queues, first)
     ended: dict[str, list[Hint]] = {}
     for lane, pk, at, status, _ in rows:
         if status not in UNFINISHED and at is not None:
@@ -202,10 +208,16 @@ def read_lanes(
     return keys[:scan], len(rows) >= scan or len(keys) > scan, ended
 
 
-def due_lanes(limit: int, *, using: str, floor: datetime | None = None) -> int:
-    """How many lanes have a hint that came due (at most ``limit``, none below ``floor``): an
-    estimate of the due heads, for sizing a worker's share."""
-    rows = _scan(using, floor, ("lane", "ready_at"), limit * 4)
+def due_lanes(
+    limit: int,
+    *,
+    using: str,
+    floor: datetime | None = None,
+    queues: Sequence[str] = (DEFAULT,),
+) -> int:
+    """How many lanes of ``queues`` have a hint that came due (at most ``limit``, none below
+    ``floor``): an estimate of the due heads, for sizing a worker's share."""
+    rows = _scan(using, floor, ("lane", "ready_at"), limit * 4, queues)
     return min(limit, len({row[0] for row in rows}))
 
 
@@ -214,58 +226,52 @@ def _scan(
     floor: datetime | None,
     fields: tuple[str, ...],
     limit: int,
+    queues: Sequence[str],
     first: list[str] | None = None,
 ) -> list[Any]:
-    """The first ``limit`` hints that came due, oldest first (``fields`` of each, ``ready_at``
-    among them), from ``floor`` on, or from the first hint when none is above it. ``first``:
-    filled with the lanes of the due jobs above priority 0, highest first, read in the same
-    statement (:mod:`.priorities`)."""
+    """The first ``limit`` hints of ``queues`` that came due, oldest first (``fields`` of each,
+    ``ready_at`` among them), from ``floor`` on, or from the first hint when none is above it:
+    an index range per queue. ``first``: filled with the lanes of the due jobs above priority
+    0, highest first, read in the same statement (:mod:`.priorities`)."""
+    jobs = Job.objects.using(db)
     if floor is None:
-        rows = priorities.read(db, Job.objects.using(db).hinted(), fields, limit, first)
+        scans = {queue: _in_queue(db, jobs.hinted(), queue) for queue in queues}
+        rows = priorities.read(db, scans, fields, limit, first)
     else:
-        found = priorities.read(db, _hints_from(db, floor), (*fields, "due"), limit, first)
+        scans = {queue: _in_queue(db, _hints_from(db, floor), queue, floor) for queue in queues}
+        found = priorities.read(db, scans, (*fields, "due"), limit, first)
         rows = [row[:-1] for row in found if row[-1]]
     at = fields.index("ready_at")
-    hint_floor.scanned(db, floor, rows[0][at] if rows else None)
+    hint_floor.scanned((db, tuple(queues)), floor, rows[0][at] if rows else None)
     if rows or floor is None:
         return rows
     # Nothing due above the floor: perhaps a hint below it committed late (see .hint_floor).
-    return _scan(db, None, fields, limit)
+    return _scan(db, None, fields, limit, queues)
 
 
-def hints_from(db: str, floor: datetime, fields: Sequence[str]) -> Any:
-    """The hints from ``floor`` on, due or not, oldest first: ``fields`` of each and whether it
-    is due (the condition "due" as a column, not a bound: see :func:`_from_floor`). Hints come
-    in time order, so the due ones come first."""
-    return _hints_from(db, floor).values_list(*fields, "due")
+def hints_from(db: str, floor: datetime, fields: Sequence[str], queue: str = DEFAULT) -> Any:
+    """``queue``'s hints from ``floor`` on, due or not, oldest first: ``fields`` of each and
+    whether it is due (as a claim's scan reads them)."""
+    return _in_queue(db, _hints_from(db, floor), queue, floor).values_list(*fields, "due")
 
 
 def _hints_from(db: str, floor: datetime) -> Any:
+    """The hints from ``floor`` on, due or not, oldest first, each with whether it is due (the
+    condition "due" as a column, not a bound: see :func:`_in_queue`). Hints come in time
+    order, so the due ones come first."""
     due = ExpressionWrapper(queries.hinted(), output_field=BooleanField())
     return (
         Job.objects.using(db)
-        .filter(_from_floor(db, floor), ready_at__isnull=False)
+        .filter(ready_at__isnull=False)
         .annotate(due=due)
         .order_by("ready_at", "id")
     )
 
 
-def _from_floor(db: str, floor: datetime) -> Q | RawSQL:
-    """``ready_at >= floor``, as an index condition the planner rates as it rates the scan from
-    the first hint (``ready_at <= now``: a third of the table). With both bounds, it rated the
-    range at 0.5% whatever it held, and with a backlog read every hint in it (a bitmap scan,
-    then a sort: 30,000 rows a claim) rather than the first few in index order. On PostgreSQL a
-    row comparison on the hint index's columns against an expression it cannot read at
-    planning: not paired with another bound, rated a third."""
-    if connections[db].vendor != "postgresql":
-        return Q(ready_at__gte=floor)
-    quote = connections[db].ops.quote_name
-    at, pk = (f"{quote(Job._meta.db_table)}.{quote(name)}" for name in ("ready_at", "id"))
-    return RawSQL(
-        f"({at}, {pk}) >= (%s::timestamptz + '0 s'::interval, 0)",
-        (floor,),
-        output_field=BooleanField(),
-    )
+def _in_queue(db: str, hints: Any, queue: str, floor: datetime | None = None) -> Any:
+    """``hints`` of ``queue`` (from ``floor`` on), in the hint index's order: one range of it
+    (:func:`.queries.hint_range`)."""
+    return hints.filter(queries.hint_range(db, queue, floor)).order_by("queue", "ready_at", "id")
 
 
 _FRONT_FIELDS = (

@@ -18,6 +18,7 @@ only when: at most a second later.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from time import monotonic
@@ -32,12 +33,14 @@ class _Floor:
     whole_at: float = -float("inf")  # when it last scanned from the first hint (monotonic)
 
 
-_floors: dict[str, _Floor] = {}
+# By (database, queues scanned): a process's pumps serve one set of queues; tests, several.
+_floors: dict[Hashable, _Floor] = {}
 
 
-def current(db: str) -> datetime | None:
-    """Where this process's next scan of ``db``'s hints starts; None: at the first hint."""
-    floor = _floors.get(db)
+def current(key: Hashable) -> datetime | None:
+    """Where this process's next scan of the hints (of ``key``: a database and its queues)
+    starts; None: at the first hint."""
+    floor = _floors.get(key)
     if floor is None or floor.at is None:
         return None
     if monotonic() - floor.whole_at >= WHOLE_EVERY:
@@ -45,10 +48,10 @@ def current(db: str) -> datetime | None:
     return floor.at
 
 
-def scanned(db: str, floor: datetime | None, first: datetime | None) -> None:
+def scanned(key: Hashable, floor: datetime | None, first: datetime | None) -> None:
     """A scan that started at ``floor`` (None: the first hint) read ``first`` as its first hint
     (None: it read none)."""
-    state = _floors.setdefault(db, _Floor())
+    state = _floors.setdefault(key, _Floor())
     if floor is None:
         state.whole_at = monotonic()
     if first is not None:

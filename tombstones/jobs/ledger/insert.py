@@ -34,6 +34,7 @@ def insert_job(
     external: bool,
     run_after: datetime | None = None,
     priority: int = 0,
+    queue: str = "default",
 ) -> Job:
     """Insert a queued job (in the caller's transaction if there is one, so a rolled-back request
     leaves no job); see :meth:`.models.Job.enqueued_event`.
@@ -51,6 +52,7 @@ def insert_job(
         "params": params,
         "external": external,
         "priority": priority,
+        "queue": queue,
     }
     if run_after is not None:
         # A delayed job takes its place in its lane when it is due; never before now, so that it

@@ -7,10 +7,12 @@ never changes: the claim takes a lane's head, whatever job of it has the priorit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from django.db import connections
-from django.db.models import BooleanField, Value
+from django.db.models import BooleanField, F, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
@@ -18,12 +20,13 @@ from ..models import Job
 from ..states import CLAIMABLE
 
 _PRIORITY_INDEX = "tombstones_job_priority"
+_TOP, _HINT = 1, 0  # the parts of a look: a queue's jobs of a priority, a queue's hints
 
 
-def prioritized(db: str) -> Any:
-    """The due jobs of a priority above 0, highest first: a claim looks at their lanes before
-    the lanes its hints name. Read from an index of those jobs only: one probe of an empty
-    index when no job has a priority."""
+def prioritized(db: str, queue: str) -> Any:
+    """The due jobs of ``queue`` of a priority above 0, highest first: a claim looks at their
+    lanes before the lanes its hints name. Read from an index of those jobs only: one probe of
+    an empty index when no job has a priority."""
     quote = connections[db].ops.quote_name
     column = f"{quote(Job._meta.db_table)}.{{}}".format
     waiting = ", ".join(f"'{status}'" for status in CLAIMABLE)
@@ -36,30 +39,39 @@ def prioritized(db: str) -> Any:
     )
     return (
         Job.objects.using(db)
-        .filter(indexed, run_after__lte=Now())
+        .filter(indexed, queue=queue, run_after__lte=Now())
         .order_by("-priority", "run_after", "id")
     )
 
 
 def read(
-    db: str, query: Any, columns: tuple[str, ...], limit: int, first: list[str] | None
+    db: str,
+    scans: Mapping[str, Any],
+    columns: tuple[str, ...],
+    limit: int,
+    first: list[str] | None,
 ) -> list[Any]:
-    """``query``'s first ``limit`` rows of ``columns``; with ``first``, the lanes of
-    :func:`prioritized` put there, read in the same statement (one round trip a look, as
-    before priorities): each part keeps its own plan, joined by UNION ALL, a column telling
-    them apart."""
-    if first is None:
-        return list(query.values_list(*columns)[:limit])
-    top = prioritized(db)
-    if "due" in columns:
-        top = top.annotate(due=Value(True))
+    """The first ``limit`` rows of ``columns`` of the hint scans (one per queue, ``scans``),
+    oldest hint first; with ``first``, the lanes of :func:`prioritized` of the same queues put
+    there, highest priority first. One statement (one round trip a look, as before priorities
+    and queues): each part keeps its own plan (an index range of its queue), joined by UNION
+    ALL, columns telling them apart and ordering them across queues."""
     conn = connections[db]
     parts, params = [], []
-    for n, (part, mark) in enumerate(((top, 1), (query, 0))):
-        sliced = part.annotate(part=Value(mark)).values_list(*columns, "part")[:limit]
-        compiler = sliced.query.get_compiler(db)
+    tops = [(prioritized(db, queue), _TOP) for queue in scans] if first is not None else []
+    for n, (part, mark) in enumerate([*tops, *((scan, _HINT) for scan in scans.values())]):
+        if mark == _TOP:
+            order = {"rank": -F("priority"), "at": F("run_after")}
+            if "due" in columns:
+                order["due"] = Value(True)
+        else:
+            order = {"rank": Value(0), "at": F("ready_at")}
+        sliced = part.annotate(part=Value(mark), **order)
+        compiler = sliced.values_list(*columns, "rank", "at", "id", "part")[
+            :limit
+        ].query.get_compiler(db)
         sql, more = compiler.as_sql()
-        if mark and conn.vendor == "sqlite":
+        if mark == _TOP and conn.vendor == "sqlite":
             # Without statistics SQLite reads the due jobs through another index and sorts
             # them: the whole backlog, for none of it has a priority.
             table = conn.ops.quote_name(Job._meta.db_table)
@@ -69,9 +81,14 @@ def read(
     with conn.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         found = cursor.fetchall()
-    first += [row[0] for row in found if row[-1] == 1]  # the caller keeps each lane once
-    # The scan's rows as its queryset would give them (SQLite's datetimes made aware): the
-    # converters of its own compiler, the last one compiled.
+    # Across queues: by priority, then due time (the top parts); by hint (the scans). Each part
+    # came in that order already: a stable sort keeps it.
+    width = len(columns)
+    key = itemgetter(width, width + 1, width + 2)
+    if first is not None:
+        first += [row[0] for row in sorted((r for r in found if r[-1] == _TOP), key=key)]
+    # The scans' rows as their querysets would give them (SQLite's datetimes made aware): the
+    # converters of their own compiler, the last one compiled.
     converters = compiler.get_converters([column for column, _, _ in compiler.select])
-    rows = compiler.apply_converters((row for row in found if row[-1] == 0), converters)
-    return [tuple(row[:-1]) for row in rows]
+    hints = compiler.apply_converters((row for row in found if row[-1] == _HINT), converters)
+    return [tuple(row[:width]) for row in sorted(hints, key=key)[:limit]]
