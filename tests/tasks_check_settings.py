@@ -10,6 +10,6 @@ TOMBSTONES_RACE_FIXTURE: dict[str, str] = {}
 TASKS = {
     "default": {
         "BACKEND": "tombstones.tasks.TombstoneBackend",
-        "QUEUES": ["default", "emails"],
+        "QUEUES": ["default", "e/mails"],  # no queue name: "/" separates a lane's queue
     }
 }

@@ -49,7 +49,6 @@ REWRITES = [
 ]
 
 # Why each of Django's tests that fails here fails (docs/tasks.md, "Django's own tests").
-QUEUES = "named queues are not supported yet: a queue other than 'default' is refused"
 SYNC_IN_ASYNC = (
     "it calls get_result() or refresh() from async code: our results are read from the "
     "database, which Django refuses there (aget_result() and arefresh() work)"
@@ -61,12 +60,6 @@ NO_MESSAGE = "it expects the exception's message in the log: ours keep class and
 EXACT_CLASS = "an unserialisable return value raises InvalidResult, a TypeError subclass"
 ONE_MODE = "the module's 'immediate' alias runs without sync mode here: its task has not run"
 KNOWN_FAILURES: dict[str, str] = {
-    "test_tasks.py::TaskTestCase::test_unknown_queue_name": QUEUES,
-    "test_tasks.py::TaskTestCase::test_using_queue_name": QUEUES,
-    "test_dummy_backend.py::DummyBackendTestCase::test_validate_on_enqueue": QUEUES,
-    "test_dummy_backend.py::DummyBackendTestCase::test_validate_on_aenqueue": QUEUES,
-    "test_immediate_backend.py::ImmediateBackendTestCase::test_validate_on_enqueue": QUEUES,
-    "test_immediate_backend.py::ImmediateBackendTestCase::test_validate_on_aenqueue": QUEUES,
     "test_tasks.py::TaskTestCase::test_get_missing_result": SYNC_IN_ASYNC,
     "test_tasks.py::TaskTestCase::test_refresh_result": SYNC_IN_ASYNC,
     "test_dummy_backend.py::DummyBackendTestCase::test_get_missing_result": SYNC_IN_ASYNC,

@@ -13,7 +13,7 @@ from project.customers.models import Customer, SheetRow
 from tests import tasks
 from tests.factories import SheetRowFactory
 from tests.jobkit import job_of, run
-from tombstones.exceptions import InvalidParams, RecordDeleted, UnfencedTask
+from tombstones.exceptions import InvalidParams, RecordDeleted, UnfencedTask, UnknownQueue
 from tombstones.jobs import registry
 from tombstones.models import Job
 from tombstones.tasks import TombstoneBackend, TombstoneTask, fenced_task
@@ -339,10 +339,40 @@ def test_check__runs_at_startup_without_any_task_imported() -> None:
 
 def test_check__queues_and_options_it_cannot_honour() -> None:
     backend = TombstoneBackend(
-        alias="other", params={"QUEUES": ["default", "emails"], "OPTIONS": {"RETRIES": 3}}
+        alias="other", params={"QUEUES": ["default", "e/mails"], "OPTIONS": {"RETRIES": 3}}
     )
     assert [m.id for m in backend.check()] == ["tombstones.E031", "tombstones.E032"]
+    assert TombstoneBackend(alias="x", params={"QUEUES": []}).check() == []
     assert TombstoneBackend(alias="default", params={}).check() == []
+    named = TombstoneBackend(alias="default", params={"QUEUES": ["default", "emails"]})
+    assert named.check() == []
+
+
+def test_queues__a_task_of_a_named_queue_is_a_job_of_that_queue(
+    customer: Customer, settings: Any
+) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tombstones.tasks.TombstoneBackend",
+            "QUEUES": ["default", "emails"],
+        }
+    }
+    mail = tasks.sync_sheet.using(queue_name="emails")
+    result = mail.enqueue(customer)
+    job = job_of(result)
+    assert (job.queue, job.lane) == ("emails", f"queue:emails/customers.customer:{customer.pk}")
+    assert result.task.queue_name == "emails"
+    assert finish(result).status == SUCCESSFUL  # the worker here serves every queue
+    plain = tasks.digest.using(queue_name="emails").enqueue(7, period="day")
+    assert (job_of(plain).queue, finish(plain).status) == ("emails", SUCCESSFUL)
+    with pytest.raises(InvalidTask, match="Queue 'reports'"):
+        tasks.sync_sheet.using(queue_name="reports")
+    # QUEUES = [] is "any queue" to Django: the queues tombstones knows of, no other.
+    settings.TASKS = {"default": {"BACKEND": "tombstones.tasks.TombstoneBackend", "QUEUES": []}}
+    anywhere = tasks.sync_sheet.using(queue_name="reports")  # Django does not validate it
+    with pytest.raises(UnknownQueue, match="no queue 'reports'"):
+        anywhere.enqueue(customer)
+    assert Job.objects.filter(queue="reports").count() == 0
 
 
 # --- running ------------------------------------------------------------------------------------

@@ -11,12 +11,12 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 
+from ..conf import QUEUE_NAME
 from ..jobs import registry
 from ..jobs.cluster import runs_in_sync
 from ..signals import job_finished
 from . import arguments, running
 from .compat import (
-    DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
     TaskResult,
@@ -41,8 +41,10 @@ class TombstoneBackend(BaseTaskBackend):
     no record is a plain job: no fence, a lane of its own, the same engine (unless the task is
     fenced: its fence named, or a parameter typed as a TombstoneModel). ``run_after`` and
     priorities are honoured (a priority orders due lanes, never the jobs of one), and ``async
-    def`` tasks run; every task runs on the one cluster, so ``QUEUES`` can only hold
-    ``"default"``.
+    def`` tasks run. ``QUEUES`` names the queues its tasks may use (each served by the
+    django-q2 cluster ``TOMBSTONES_QUEUES`` names, see :mod:`tombstones.jobs.queues`); a
+    record's lane in a queue is that queue's own. ``QUEUES = []`` (any queue, to Django): the
+    queues tombstones knows of, an enqueue into another refused with ``UnknownQueue``.
     """
 
     task_class = TombstoneTask
@@ -68,11 +70,6 @@ class TombstoneBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"Task {path} is a {type(task).__name__}: TombstoneBackend runs TombstoneTask "
                 "(Django's @task makes one for this backend; so does fenced_task)."
-            )
-        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
-            raise InvalidTask(
-                f"Task {path}: TombstoneBackend runs every task on the django-q2 cluster, in its "
-                f"record's lane; there is no queue {task.queue_name!r}."
             )
         if task.func.__module__ == "__main__":
             raise InvalidTask(
@@ -132,6 +129,7 @@ class TombstoneBackend(BaseTaskBackend):
                     run_after=task.run_after,
                     using=db,
                     priority=task.priority,
+                    queue=task.queue_name,
                 )
             else:
                 job = enqueue(
@@ -141,6 +139,7 @@ class TombstoneBackend(BaseTaskBackend):
                     run_after=task.run_after,
                     using=db,
                     priority=task.priority,
+                    queue=task.queue_name,
                 )
             result = announce.result = result_for(job, task, self.alias, claims=[])
         if outer is not None and runs_in_sync():
@@ -185,12 +184,13 @@ class TombstoneBackend(BaseTaskBackend):
                         id="tombstones.E030",
                     )
                 )
-        if self.queues - {DEFAULT_TASK_QUEUE_NAME}:
+        bad = sorted(name for name in self.queues if not QUEUE_NAME.fullmatch(str(name)))
+        if bad:
             found.append(
                 checks.Error(
-                    f"{where}['QUEUES'] holds {sorted(self.queues)}; TombstoneBackend runs every "
-                    "task on the django-q2 cluster, in its record's lane.",
-                    hint='Leave QUEUES out, or set it to ["default"].',
+                    f"{where}['QUEUES'] holds {bad}: a queue's name is 1 to 64 letters, digits, "
+                    "'_', '-' or '.'.",
+                    hint='Leave QUEUES out (["default"]), or name each queue.',
                     id="tombstones.E031",
                 )
             )
