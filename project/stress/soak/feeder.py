@@ -20,6 +20,7 @@ from django.db import transaction
 import tombstones
 from tombstones.exceptions import TombstoneError
 from tombstones.jobs.enqueue import enqueue_plain
+from tombstones.jobs.queues import DEFAULT
 from tombstones.models import Job
 
 from ..models import StressEntity
@@ -38,6 +39,7 @@ MIX: tuple[tuple[str, float], ...] = (
     ("soak.ping", 0.04),
 )
 PLAIN_HANDLERS = frozenset({"soak.tick", "soak.ping"})
+BULK_QUEUE = "bulk"  # TOMBSTONES_QUEUES in .settings
 # (low, high, share): most jobs at priority 0, some above (their lanes looked at first), some
 # below; a lane's order must hold whatever its jobs' priorities.
 PRIORITIES: tuple[tuple[int, int, float], ...] = ((0, 0, 0.8), (1, 20, 0.1), (-20, -1, 0.1))
@@ -91,12 +93,21 @@ class Feeder:
 
     def _enqueue(self, record: StressEntity, name: str, params: dict[str, Any]) -> None:
         priority = self._priority()
+        # Every fifth record's jobs, and half the plain ones, in the second queue (BULK_QUEUE):
+        # a record's jobs stay in one queue, so its lane is one lane.
+        plain = name in PLAIN_HANDLERS
+        bulk = self.rng.random() < 0.5 if plain else record.pk % 5 == 0
+        options: dict[str, Any] = {
+            "params": params,
+            "priority": priority,
+            "queue": BULK_QUEUE if bulk else DEFAULT,
+        }
 
         def step() -> int:
             with transaction.atomic():
-                if name in PLAIN_HANDLERS:  # for no record: a lane of its own
-                    return int(enqueue_plain(name, params=params, priority=priority).pk)
-                return int(tombstones.enqueue(name, record, params=params, priority=priority).pk)
+                if plain:  # for no record: a lane of its own
+                    return int(enqueue_plain(name, **options).pk)
+                return int(tombstones.enqueue(name, record, **options).pk)
 
         try:
             job_id = retrying(step)

@@ -24,6 +24,8 @@ TOMBSTONES_LEASE = float(os.environ.get("SOAK_LEASE", "4"))
 TOMBSTONES_RETRY_BACKOFF = timedelta(seconds=0.2)
 TOMBSTONES_RETRY_BACKOFF_MAX = timedelta(seconds=2)
 TOMBSTONES_MAX_ATTEMPTS = 8
+# A second queue on the same cluster: its workers scan both queues' hints (one range each).
+TOMBSTONES_QUEUES = {"bulk": None}
 
 Q_CLUSTER = {
     **Q_CLUSTER,
