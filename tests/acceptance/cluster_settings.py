@@ -1,8 +1,10 @@
 """Settings for worker subprocesses started by the acceptance tests: the demo's, plus a lease
 short enough (TOMBSTONES_LEASE_SECONDS) for a test to wait out a crashed worker's lease, a
 shorter retry backoff (TOMBSTONES_RETRY_BACKOFF_SECONDS), TOMBSTONES_MAX_ATTEMPTS, and
-django-q2's task timeout (Q_TIMEOUT), and the cluster the jobs go to (TOMBSTONES_Q_CLUSTER)."""
+django-q2's task timeout (Q_TIMEOUT), the cluster the jobs go to (TOMBSTONES_Q_CLUSTER) and named
+queues (TOMBSTONES_QUEUES_JSON)."""
 
+import json
 import os
 from datetime import timedelta
 
@@ -18,3 +20,6 @@ TOMBSTONES_RETRY_BACKOFF = timedelta(
 )
 if os.environ.get("TOMBSTONES_Q_CLUSTER"):
     TOMBSTONES_Q_OPTIONS = {"cluster": os.environ["TOMBSTONES_Q_CLUSTER"]}
+# Named queues and the clusters serving them, as JSON (tests/acceptance/test_queues_cluster.py).
+if os.environ.get("TOMBSTONES_QUEUES_JSON"):
+    TOMBSTONES_QUEUES = json.loads(os.environ["TOMBSTONES_QUEUES_JSON"])

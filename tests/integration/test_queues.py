@@ -241,3 +241,14 @@ def test_queues__a_cluster_worker_serves_the_queues_routed_to_it(
     assert queues.served() == ("default", "emails")
     monkeypatch.setattr(queues, "in_cluster_worker", lambda: False)
     assert queues.served() == ("default", "emails", "reports")  # a test, a command, sync mode
+
+
+def test_queues__the_job_page_shows_the_queue(named: None, admin_client: Any) -> None:
+    from django.urls import reverse
+
+    job = tombstones.enqueue("t.touch", CustomerFactory(), queue="emails")
+    page = admin_client.get(reverse("admin:tombstones_job_change", args=[job.pk]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Queue:" in text
+    assert '<div class="readonly">emails</div>' in text

@@ -67,7 +67,10 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
     list_select_related = ("content_type",)
     date_hierarchy = "created_at"
     list_per_page = 50
-    _job_fields = ("id", "handler", "record", "lane", "status", "reason_code", "error_class")
+    _job_fields = (
+        *("id", "handler", "record", "queue", "lane"),
+        *("status", "reason_code", "error_class"),
+    )
     _fence_fields = ("snapshot", "found", "external", "idempotency_key")
     _attempt_fields = ("attempts", "rereads", "owner_while_claimed")
     _time_fields = (
