@@ -108,6 +108,7 @@ def look_queryset(floor: Any = None) -> Any:
     first hint (a worker's scan at least once a second), or from ``floor`` (its other scans:
     ``hint_floor``)."""
     from tombstones.conf import tombstone_settings
+    from tombstones.jobs import queries
     from tombstones.jobs.ledger import heads
     from tombstones.models import Job
 
@@ -115,7 +116,9 @@ def look_queryset(floor: Any = None) -> Any:
     fields = ("lane", "id", "ready_at", "status")
     if floor is not None:
         return heads.hints_from("default", floor, fields)[:scan]
-    return Job.objects.hinted().values_list(*fields)[:scan]
+    # The default queue's range of the hint index, as the claim reads it (.queries.hint_range).
+    hints = Job.objects.hinted().filter(queries.hint_range("default", "default"))
+    return hints.order_by("queue", "ready_at", "id").values_list(*fields)[:scan]
 
 
 def floor_look() -> tuple[str, Any]:

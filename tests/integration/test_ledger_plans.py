@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 import tombstones
@@ -223,6 +224,38 @@ def test_plans__a_claim_from_its_floor_reads_the_first_hints_not_the_backlog(
     assert len(scans) == 1, [q["sql"][:200] for q in captured.captured_queries]
     read = rows_read_by(scans)
     assert [r for r in read if r[0] > READ_AT_MOST] == [], read
+
+
+def test_plans__a_worker_of_one_queue_reads_none_of_anothers_backlog(
+    postgres_only: None, settings: Any
+) -> None:
+    """Named queues (issue 36): with 30,000 due jobs in "default", a worker serving "emails"
+    finds its one job reading a few rows: the hint and priority indexes start with the queue,
+    and its look reads one range of each per queue it serves, in index order, however the
+    planner's statistics were taken (an empty table's here, then the backlog)."""
+    from tombstones.jobs import ledger
+    from tombstones.models import Job
+
+    settings.TOMBSTONES_QUEUES = {"emails": None}
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("TRUNCATE tombstones_job, tombstones_jobevent RESTART IDENTITY CASCADE")
+        cursor.execute("ANALYZE tombstones_job")
+    seed_queued(BACKLOG)
+    seed_queued(1, prefix="mail")
+    Job.objects.filter(lane="mail:1").update(queue="emails", lane="queue:emails/mail:1")
+    for workers in (1, 4):  # the sizing scan (several workers), then the look
+        with CaptureQueriesContext(connection) as captured:
+            taken = ledger.claim(20, workers=workers, queues=("emails",))
+        assert taken is not None
+        assert [job.lane for job in taken.jobs] == ["queue:emails/mail:1"]
+        scans = [q["sql"] for q in captured.captured_queries if '"queue"' in q["sql"]]
+        assert scans, [q["sql"][:200] for q in captured.captured_queries]
+        read = rows_read_by(scans)
+        assert [r for r in read if r[0] > READ_AT_MOST] == [], read
+        Job.objects.filter(queue="emails").update(
+            status="queued", claim_token="", attempts=0, ready_at=F("queued_at")
+        )
 
 
 def test_plans__on_sqlite_the_engine_reads_through_indexes_too() -> None:

@@ -8,10 +8,11 @@ gave it away.
 
 The claim does not search the backlog for heads. Every change of a job's state leaves a hint on
 its row (``ready_at``: look at this lane from then on), and a claim looks only at the lanes of
-the hints that came due: a lane held by a running, paused or retry-waiting job costs nothing
-until that job moves on (a retry's hint comes due with it). The hints of a lane the claim looked
-at are cleared, except those of a head it could not take (its batch was full, another claim
-holds it), which the next claim sees first.
+the hints that came due, in the queues its worker serves (one range of the hint index each): a
+lane held by a running, paused or retry-waiting job costs nothing until that job moves on (a
+retry's hint comes due with it). The hints of a lane the claim looked at are cleared, except
+those of a head it could not take (its batch was full, another claim holds it), which the next
+claim sees first.
 
 :func:`pick` makes the choice from what was read (no SQL); :func:`read_lanes`,
 :func:`read_lanes_jobs`, :func:`lock`, :func:`take` and :func:`settle_hints` are its statements.

@@ -67,9 +67,8 @@ def read(
         else:
             order = {"rank": Value(0), "at": F("ready_at")}
         sliced = part.annotate(part=Value(mark), **order)
-        compiler = sliced.values_list(*columns, "rank", "at", "id", "part")[
-            :limit
-        ].query.get_compiler(db)
+        rows = sliced.values_list(*columns, "rank", "at", "id", "part")[:limit]
+        compiler = rows.query.get_compiler(db)
         sql, more = compiler.as_sql()
         if mark == _TOP and conn.vendor == "sqlite":
             # Without statistics SQLite reads the due jobs through another index and sorts
