@@ -115,35 +115,38 @@ def wake_after_commit(db: str, job_id: int, queue: str = DEFAULT) -> None:
     """Wake a worker of ``queue``'s cluster once the caller's transaction commits: one wake-up
     per transaction and cluster, not per job (each is a broker round trip).
 
-    A wake-up already registered serves this job too (told of its cluster), and moves to the
+    A wake-up already registered serves this job too (told of its queue), and moves to the
     end of the callbacks (with the savepoints it was registered in). Django drops a callback
     only when a savepoint it was registered in rolls back; each of those is still open around
     this call, or was released into one that is: either way its rollback drops this job as
     well.
     """
     conn = connections[db]
-    cluster = queues.cluster_of(queue)
     if conn.in_atomic_block:
         pending = conn.run_on_commit
         for n, entry in enumerate(pending):
             if isinstance(entry[1], _Wake):
-                entry[1].clusters.setdefault(cluster, job_id)
+                entry[1].queues.setdefault(queue, job_id)
                 # Last, after what this enqueue's caller registered before it (a task's
                 # task_enqueued): every job of the transaction is announced before one runs.
                 pending.append(pending.pop(n))
                 return
-    transaction.on_commit(_Wake({cluster: job_id}), using=db)
+    transaction.on_commit(_Wake({queue: job_id}), using=db)
 
 
 class _Wake:
     """The after-commit callback of an enqueue (a class: :func:`wake_after_commit` finds it):
-    a wake-up for each cluster the transaction's jobs go to, named by its first job."""
+    a wake-up for each cluster the transaction's queues go to, named by its first job. The
+    clusters are read here, once per transaction, not at each enqueue."""
 
-    def __init__(self, clusters: dict[str, int]) -> None:
-        self.clusters = clusters
+    def __init__(self, first: dict[str, int]) -> None:
+        self.queues = first  # each queue of the transaction's jobs, and its first job
 
     def __call__(self) -> None:
-        for cluster, job_id in self.clusters.items():
+        clusters: dict[str, int] = {}
+        for queue, job_id in self.queues.items():
+            clusters.setdefault(queues.cluster_of(queue), job_id)
+        for cluster, job_id in clusters.items():
             wake_soon(job_id, cluster=cluster)
 
 

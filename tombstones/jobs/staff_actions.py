@@ -57,7 +57,8 @@ def staff_ref(user_pk: object) -> str:
 
 
 def _wake_next(job: Job) -> None:
-    # Its lane's next job may be due now.
+    """Once the staff decision commits, wake a worker of the job's queue: the job, or its
+    lane's next one, may be due now."""
     _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
 
 
@@ -89,7 +90,7 @@ def resolve_resend(job: Job, seen: str, by: str = "") -> bool:
         lease_expires_at=None,
     )
     if applied:
-        _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
+        _wake_next(job)
     return applied
 
 
@@ -111,7 +112,7 @@ def resume(job: Job, seen: str, by: str = "") -> bool:
         job, Status.QUEUED, Reason.NONE, from_status=(seen,), event=Event.RESUMED, by=by
     )
     if applied:
-        _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
+        _wake_next(job)
     return applied
 
 
@@ -158,7 +159,7 @@ def requeue(job: Job, seen: str, by: str = "") -> bool:
         lease_expires_at=None,
     )
     if applied:
-        _after_commit(job, partial(wake_soon, job.pk, cluster=cluster_of(job.queue)))
+        _wake_next(job)
     return applied
 
 

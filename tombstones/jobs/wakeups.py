@@ -98,6 +98,7 @@ def wake_soon(reason: int | None = None, *, cluster: str | None = None) -> str |
     """Wake a pump of ``cluster`` (default: this process's own; an enqueue names its queue's,
     :func:`.queues.cluster_of`) unless one is certain to look after now (see the module
     docstring)."""
+    cluster = cluster or own_cluster()
     if runs_in_sync():
         return wake(reason, cluster=cluster)
     if not _take("gate", cluster):

@@ -28,7 +28,6 @@ from django.utils import timezone
 from ...conf import tombstone_settings
 from .. import queries
 from ..models import Job
-from ..queues import DEFAULT
 from ..queues import known as known_queues
 from ..states import Status
 from . import heads, hint_floor, lanes
@@ -212,8 +211,8 @@ def _take(
     *,
     whole: bool,
     ids: Sequence[int] | None,
-    floor: datetime | None = None,
-    queues: Sequence[str] = (DEFAULT,),
+    floor: datetime | None,
+    queues: Sequence[str],
 ) -> tuple[list[Job], heads.Picked, bool]:
     """One look, inside the claim's transaction: returns the jobs taken, the choice, and
     whether more hints of ``queues`` may be due than this look read (from ``floor`` on)."""

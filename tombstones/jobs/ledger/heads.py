@@ -239,7 +239,7 @@ def _scan(
         scans = {queue: _in_queue(db, jobs.hinted(), queue) for queue in queues}
         rows = priorities.read(db, scans, fields, limit, first)
     else:
-        scans = {queue: _in_queue(db, _hints_from(db, floor), queue, floor) for queue in queues}
+        scans = {queue: _in_queue(db, _hints_from(db), queue, floor) for queue in queues}
         found = priorities.read(db, scans, (*fields, "due"), limit, first)
         rows = [row[:-1] for row in found if row[-1]]
     at = fields.index("ready_at")
@@ -253,20 +253,15 @@ def _scan(
 def hints_from(db: str, floor: datetime, fields: Sequence[str], queue: str = DEFAULT) -> Any:
     """``queue``'s hints from ``floor`` on, due or not, oldest first: ``fields`` of each and
     whether it is due (as a claim's scan reads them)."""
-    return _in_queue(db, _hints_from(db, floor), queue, floor).values_list(*fields, "due")
+    return _in_queue(db, _hints_from(db), queue, floor).values_list(*fields, "due")
 
 
-def _hints_from(db: str, floor: datetime) -> Any:
-    """The hints from ``floor`` on, due or not, oldest first, each with whether it is due (the
-    condition "due" as a column, not a bound: see :func:`_in_queue`). Hints come in time
-    order, so the due ones come first."""
+def _hints_from(db: str) -> Any:
+    """The jobs, each with whether its hint is due (the condition "due" as a column, not a
+    bound: see :func:`.queries.hint_range`, which :func:`_in_queue` adds with the floor and
+    the index's order). Hints come in time order, so the due ones come first."""
     due = ExpressionWrapper(queries.hinted(), output_field=BooleanField())
-    return (
-        Job.objects.using(db)
-        .filter(ready_at__isnull=False)
-        .annotate(due=due)
-        .order_by("ready_at", "id")
-    )
+    return Job.objects.using(db).annotate(due=due)
 
 
 def _in_queue(db: str, hints: Any, queue: str, floor: datetime | None = None) -> Any:
