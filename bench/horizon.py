@@ -118,7 +118,7 @@ def look_queryset(floor: Any = None) -> Any:
         return heads.hints_from("default", floor, fields)[:scan]
     # The default queue's range of the hint index, as the claim reads it (.queries.hint_range).
     hints = Job.objects.hinted().filter(queries.hint_range("default", "default"))
-    return hints.order_by("queue", "ready_at", "id").values_list(*fields)[:scan]
+    return hints.order_by(*queries.HINT_ORDER).values_list(*fields)[:scan]
 
 
 def floor_look() -> tuple[str, Any]:

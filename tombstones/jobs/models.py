@@ -92,31 +92,30 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(queries.hinted()).order_by("ready_at", "id")
 
     def first_hints(self, queues: Iterable[str]) -> dict[str, int]:
-        """The job of each of ``queues``' first due hint (queues with none left out): one index
-        probe per queue (the hint index starts with the queue)."""
-        found = {}
-        for queue in queues:
-            head = (
-                self._hints_of(queue).filter(queries.hinted()).values_list("id", flat=True).first()
-            )
-            if head is not None:
-                found[queue] = head
-        return found
+        """The job of each of ``queues``' first due hint (queues with none left out)."""
+        return self._first_of_each(queues, "id", due=True)
 
     def oldest_hint_wait(self, queues: Iterable[str] | None = None) -> timedelta | None:
         """How long the oldest due hint of ``queues`` (default: every queue) has waited for a
         claim to look at it; None if none."""
         waited = ExpressionWrapper(Now() - F("ready_at"), output_field=DurationField())
-        waits = []
-        for queue in known_queues() if queues is None else queues:
-            found = self._hints_of(queue).filter(queries.hinted()).annotate(waited=waited)
-            waits.append(found.values_list("waited", flat=True).first())
-        return max((w for w in waits if w is not None), default=None)
+        return max(self._first_of_each(queues, waited, due=True).values(), default=None)
 
-    def _hints_of(self, queue: str) -> JobQuerySet:
-        """``queue``'s hints, due or not, in the hint index's order (one range of it)."""
-        found = self.filter(queries.hint_range(self.db, queue))
-        return found.order_by("queue", "ready_at", "id")
+    def _first_of_each(
+        self, queues: Iterable[str] | None, value: Any, *, due: bool
+    ) -> dict[str, Any]:
+        """``value`` of the first hint (a due one, with ``due``) of each of ``queues`` (default:
+        every queue), queues with none left out: one probe of the hint index per queue, in its
+        order (one range of it each, :func:`.queries.hint_range`)."""
+        found: dict[str, Any] = {}
+        for queue in known_queues() if queues is None else queues:
+            hints = self.filter(queries.hint_range(self.db, queue))
+            if due:
+                hints = hints.filter(queries.hinted())
+            first = hints.order_by(*queries.HINT_ORDER).values_list(value, flat=True).first()
+            if first is not None:
+                found[queue] = first
+        return found
 
     def oldest_due(self) -> JobQuerySet:
         """The due jobs, the one due longest ago first, each with ``waited``: how long it has
@@ -135,15 +134,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         Reads of small indexes: each queue's first hint (a delayed job's or a retry's lane is
         looked at when it is due) and the jobs claims hold (their leases).
         """
-        waits = []
-        for queue in known_queues() if queues is None else queues:
-            # The first hint in the hint index's order (MIN of an expression would read them all).
-            hint = self._hints_of(queue).values_list(queries.from_now("ready_at"), flat=True)
-            waits.append(hint.first())
+        # Each queue's first hint in the hint index's order (MIN of an expression would read
+        # them all).
+        waits = self._first_of_each(queues, queries.from_now("ready_at"), due=False)
         lease = self.filter(queries.held()).aggregate(
             at=Min(queries.from_now("lease_expires_at"), filter=Q(status=RUNNING))
         )["at"]
-        found = [w for w in (*waits, lease) if w is not None]
+        found = [w for w in (*waits.values(), lease) if w is not None]
         return max(min(found), timedelta(0)) if found else None
 
 

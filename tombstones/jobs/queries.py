@@ -100,9 +100,14 @@ def hinted() -> Q:
     return Q(ready_at__lte=Now())
 
 
+# The hint index's order: a range of one queue read in it (``order_by(*HINT_ORDER)``) comes in
+# the order its hints came due, however the planner sees the queue's bounds.
+HINT_ORDER = ("queue", "ready_at", "id")
+
+
 def hint_range(db: str, queue: str, floor: Any = None) -> Q | RawSQL:
     """The hints of ``queue`` (from ``floor`` on, due or not): one range of the hint index,
-    read in its order with ``order_by("queue", "ready_at", "id")``.
+    read in its order with ``order_by(*HINT_ORDER)``.
 
     On PostgreSQL written so that the planner rates it as a third of the table, whatever its
     statistics say, and so reads the first hints in index order rather than every hint of the
@@ -116,9 +121,7 @@ def hint_range(db: str, queue: str, floor: Any = None) -> Q | RawSQL:
         found = Q(queue=queue, ready_at__isnull=False)
         return found & Q(ready_at__gte=floor) if floor is not None else found
     table = conn.ops.quote_name(_jobs().model._meta.db_table)
-    name, at, pk = (
-        f"{table}.{conn.ops.quote_name(column)}" for column in ("queue", "ready_at", "id")
-    )
+    name, at, pk = (f"{table}.{conn.ops.quote_name(column)}" for column in HINT_ORDER)
     start = "%s::timestamptz + '0 s'::interval" if floor is not None else "'-infinity'"
     return RawSQL(
         f"(({name}, {at}, {pk}) >= (concat(%s::text), {start}, 0) "

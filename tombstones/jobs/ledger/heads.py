@@ -267,7 +267,7 @@ def _hints_from(db: str) -> Any:
 def _in_queue(db: str, hints: Any, queue: str, floor: datetime | None = None) -> Any:
     """``hints`` of ``queue`` (from ``floor`` on), in the hint index's order: one range of it
     (:func:`.queries.hint_range`)."""
-    return hints.filter(queries.hint_range(db, queue, floor)).order_by("queue", "ready_at", "id")
+    return hints.filter(queries.hint_range(db, queue, floor)).order_by(*queries.HINT_ORDER)
 
 
 _FRONT_FIELDS = (
