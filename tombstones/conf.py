@@ -81,6 +81,19 @@ def _as_queues(name: str, value: Any) -> dict[str, str | None]:
     return found
 
 
+# A bearer token: long enough not to be guessed, and sent as-is in an Authorization header.
+TOKEN_CHARS = re.compile(r"[\x21-\x7e]{16,}")
+
+
+def _as_token(name: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and TOKEN_CHARS.fullmatch(value)):
+        return value
+    raise ImproperlyConfigured(
+        f"TOMBSTONES_{name} must be None or a string of at least 16 printable characters, "
+        "without spaces (a bearer token)."
+    )
+
+
 @dataclass(frozen=True)
 class _Bound:
     """The largest value a setting takes, as the error message names it, and why."""
@@ -161,6 +174,9 @@ _SETTINGS: dict[str, _Setting] = {
     # frames' locals (they may hold personal data); None: as DEBUG. The class and the frames'
     # file, line and function are always logged.
     "LOG_ERROR_DETAILS": _Setting(None, "optional_bool"),
+    # A bearer token that reads the metrics page (tombstones:metrics) without a login: for
+    # Prometheus. None: only users with the view_metrics permission read it.
+    "METRICS_TOKEN": _Setting(None, "token"),
 }
 
 
@@ -185,6 +201,8 @@ class TombstoneSettings:
             return _as_float(name, value, spec.minimum)
         if spec.kind == "queues":
             return _as_queues(name, value)
+        if spec.kind == "token":
+            return _as_token(name, value)
         return _as_dict(name, value)
 
     @property
@@ -255,6 +273,11 @@ class TombstoneSettings:
     def LOG_ERROR_DETAILS(self) -> bool | None:
         value = self._get("LOG_ERROR_DETAILS")
         return None if value is None else bool(value)
+
+    @property
+    def METRICS_TOKEN(self) -> str | None:
+        value: str | None = self._get("METRICS_TOKEN")
+        return value
 
     def validate(self) -> list[str]:
         """Return one message per malformed setting (used by the system checks)."""

@@ -11,6 +11,8 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from .monitoring.logfields import job_fields
+
 logger = logging.getLogger("tombstones")
 
 # Sent by the records layer inside the transaction that made tombstones, after the UPDATE.
@@ -49,5 +51,5 @@ def send_hook(signal: Signal, job: Any) -> None:
             "a receiver of a tombstones hook signal raised %s; ignored (job %s)",
             type(exc).__name__,
             job.pk,
-            extra={"tombstones": {"job_id": job.pk, "error_class": type(exc).__name__}},
+            extra=job_fields(job, error_class=type(exc).__name__),
         )

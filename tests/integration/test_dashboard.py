@@ -257,3 +257,26 @@ def test_dashboard__the_charts_read_the_rollup_never_the_ledger() -> None:
     assert captured.captured_queries, "the charts read nothing?"
     ledger = [q["sql"] for q in captured.captured_queries if "tombstones_job" in q["sql"]]
     assert ledger == []
+
+
+def test_dashboard__live_workers_and_the_metrics_link_for_who_may_read_it(
+    staff_client: Client,
+) -> None:
+    from tombstones.jobs import queues
+    from tombstones.monitoring import beats
+
+    context, html = _page(staff_client)
+    assert context["live_workers"] == 0
+    assert "is a qcluster running?" in html
+    assert context["metrics_url"] is None  # staff without view_metrics
+    assert 'id="metrics-link"' not in html
+
+    beats.beat(queues.home_cluster(), name="host-a:1")
+    beats.beat(queues.home_cluster(), name="host-a:2")
+    user = User.objects.get(username="operator")
+    user.user_permissions.add(Permission.objects.get(codename="view_metrics"))
+    staff_client.force_login(user)
+    context, html = _page(staff_client)
+    assert context["live_workers"] == 2
+    assert f'<a href="{reverse("tombstones:metrics")}" id="metrics-link">' in html
+    assert staff_client.get(reverse("tombstones:metrics")).status_code == 200

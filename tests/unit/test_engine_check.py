@@ -116,8 +116,9 @@ def test_check__an_unknown_handler_waits_a_tenth_of_the_jobs_age_uncharged(
     assert stop.refund
     assert not stop.erase_params  # it is still to run, with its params
     (line,) = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert line.tombstones["job_id"] == 7  # type: ignore[attr-defined]
-    assert line.tombstones["handler"] == UNKNOWN  # type: ignore[attr-defined]
+    assert line.job_id == 7  # type: ignore[attr-defined]
+    assert line.job_handler == UNKNOWN  # type: ignore[attr-defined]
+    assert (line.job_status, line.job_reason) == (Status.RETRY_WAIT, Reason.HANDLER_UNKNOWN)  # type: ignore[attr-defined]
 
 
 def test_check__an_unknown_handlers_wait_stays_between_the_backoffs_base_and_cap() -> None:

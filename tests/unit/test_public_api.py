@@ -125,6 +125,7 @@ def test_public_api__the_settings() -> None:
         "PARAMS_MAX_BYTES",
         "RACE_FIXTURE",
         "LOG_ERROR_DETAILS",
+        "METRICS_TOKEN",
     ):
         getattr(tombstone_settings, name)  # raises if a setting went missing
 
@@ -134,6 +135,7 @@ def test_public_api__the_commands() -> None:
     assert ours == {
         "purge_jobs",
         "purge_tombstones",
+        "tombstones_health",
         "racefixture",
         "tombstones_doctor",
         "tombstones_roles",

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
@@ -28,6 +29,8 @@ from ..conf import tombstone_settings
 from ..jobs import queries
 from ..jobs.ledger import rollup
 from ..jobs.models import Job, JobEvent
+from ..monitoring import beats
+from ..monitoring.views import PERMISSION
 from .counting import count
 from .display import format_time
 from .timeline import STATUS_COLOURS
@@ -346,6 +349,16 @@ def chart(series: list[tuple[date, int]]) -> dict[str, Any]:
     }
 
 
+def metrics_url(user: Any) -> str | None:
+    """The metrics page, for a user who may read it and a project that includes it."""
+    if not user.has_perm(PERMISSION):
+        return None
+    try:
+        return reverse("tombstones:metrics")
+    except NoReverseMatch:
+        return None
+
+
 def context() -> dict[str, Any]:
     now = timezone.now()
     by_day = outcomes_by_day(now)
@@ -358,6 +371,7 @@ def context() -> dict[str, Any]:
         "oldest_due": oldest_due(),
         "next_sweep": next_sweep(),
         "throughput": throughput(now),
+        "live_workers": sum(beats.live().values()),
         "uncertain_jobs": awaiting(Status.UNCERTAIN),
         "escalated_jobs": awaiting(Status.ESCALATED),
         "outcomes_by_hour": stacked_chart(outcomes_by_hour(now), lambda h: h.strftime("%H")),

@@ -317,6 +317,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
             "title": _("Job dashboard"),
             "opts": self.opts,
             "now": timezone.now(),
+            "metrics_url": dashboard.metrics_url(request.user),
             **dashboard.context(),
         }
         request.current_app = self.admin_site.name

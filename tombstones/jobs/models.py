@@ -98,8 +98,13 @@ class JobQuerySet(models.QuerySet["Job"]):
     def oldest_hint_wait(self, queues: Iterable[str] | None = None) -> timedelta | None:
         """How long the oldest due hint of ``queues`` (default: every queue) has waited for a
         claim to look at it; None if none."""
+        return max(self.hint_waits(queues).values(), default=None)
+
+    def hint_waits(self, queues: Iterable[str] | None = None) -> dict[str, timedelta]:
+        """How long each queue's oldest due hint has waited (queues with none left out): how
+        long its longest-due job has waited for a worker, in one index probe per queue."""
         waited = ExpressionWrapper(Now() - F("ready_at"), output_field=DurationField())
-        return max(self._first_of_each(queues, waited, due=True).values(), default=None)
+        return self._first_of_each(queues, waited, due=True)
 
     def _first_of_each(
         self, queues: Iterable[str] | None, value: Any, *, due: bool
@@ -221,6 +226,11 @@ class Job(models.Model):
     # job's state, cleared by the claim that looked; only hinted rows are in its index, so a
     # claim's cost follows the lanes that changed, not the lanes that wait.
     ready_at = models.DateTimeField(null=True, blank=True, db_default=Now(), editable=False)
+    # The W3C traceparent of the span that enqueued it (with opentelemetry-api installed): ids
+    # and flags only, never baggage or trace state (:mod:`tombstones.monitoring.tracing`).
+    traceparent = models.CharField(
+        max_length=55, blank=True, default="", db_default="", editable=False
+    )
 
     objects = JobQuerySet.as_manager()
 
@@ -310,6 +320,7 @@ class Job(models.Model):
             ("resume_job", "Can resume a paused job"),
             ("cancel_job", "Can cancel a queued job"),
             ("skip_lane_head", "Can skip the blocked head of a lane"),
+            ("view_metrics", "Can read the Prometheus metrics"),
         ]
 
     def __str__(self) -> str:
@@ -511,6 +522,26 @@ class OutcomeRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.period:%Y-%m-%d %H:%M} {self.status} {self.reason or '-'}: {self.jobs}"
+
+
+class WorkerBeat(models.Model):
+    """A cluster worker process's last sign of life: its heartbeat thread writes it every
+    :data:`~tombstones.monitoring.beats.BEAT_SECONDS` (:mod:`tombstones.monitoring.beats`).
+
+    One row per process name (host and pid); the sweep deletes rows silent for an hour. The
+    metrics page and ``tombstones_health`` read it: live workers per cluster, their last beat.
+    """
+
+    name = models.CharField(max_length=200, unique=True, help_text="host:pid")
+    cluster = models.CharField(max_length=100, help_text="The django-q2 cluster it serves.")
+    started_at = models.DateTimeField(db_default=Now())
+    beat_at = models.DateTimeField(db_default=Now(), db_index=True)
+
+    class Meta:
+        default_permissions = ()  # the engine's, not the admin's
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cluster})"
 
 
 class RejectionManager(models.Manager["Rejection"]):

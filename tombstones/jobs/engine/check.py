@@ -16,6 +16,7 @@ from django.db import DatabaseError
 
 from ...conf import tombstone_settings
 from ...exceptions import UnknownHandler
+from ...monitoring.logfields import job_fields
 from ...records import rows
 from ..ledger import Outcome
 from ..models import Job
@@ -129,7 +130,7 @@ def _park(attempt: Attempt) -> Outcome:
         job.pk,
         job.handler,
         int(delay.total_seconds()),
-        extra={"tombstones": {"job_id": job.pk, "handler": job.handler, "known": _known()}},
+        extra=job_fields(job, Status.RETRY_WAIT, Reason.HANDLER_UNKNOWN, known=_known()),
     )
     return attempt.end(Status.RETRY_WAIT, Reason.HANDLER_UNKNOWN, retry_in=delay, refund=True)
 

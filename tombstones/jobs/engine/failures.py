@@ -11,6 +11,7 @@ from django.db import DatabaseError, IntegrityError
 
 from ...conf import tombstone_settings
 from ...exceptions import TransientError
+from ...monitoring.logfields import job_fields
 from ...records.fencing import Observation, State
 from ..ledger import Outcome
 from .attempt import Attempt, Reason, Status, error_class, error_trace
@@ -110,8 +111,6 @@ def log_failure(attempt: Attempt, exc: BaseException, then: str) -> None:
     if details is None:
         details = bool(settings.DEBUG)
     extra: dict[str, Any] = {
-        "job_id": attempt.job.pk,
-        "handler": attempt.job.handler,
         "error_class": error_class(exc),
         "frames": where,
     }
@@ -122,7 +121,9 @@ def log_failure(attempt: Attempt, exc: BaseException, then: str) -> None:
         text += f": {exc}"
     lines = "\n".join(f"  {w}" for w in where)
     level = logging.WARNING if then == "retried" else logging.ERROR
-    logger.log(level, "%s\n%s", text, lines, extra={"tombstones": extra})
+    # The status the job is in as the handler raised (running); the outcome's line follows.
+    fields = job_fields(attempt.job, reason=Reason.HANDLER_ERROR, **extra)
+    logger.log(level, "%s\n%s", text, lines, extra=fields)
 
 
 def _locals(exc: BaseException) -> list[dict[str, str]]:

@@ -23,6 +23,7 @@ from django.db import DatabaseError, connections, transaction
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost
+from ...monitoring.logfields import jobs_fields
 from ...records.fencing import Observation, State
 from ...signals import job_checked, send_hook
 from .. import ledger
@@ -145,7 +146,7 @@ def act_group(attempts: Sequence[Attempt], *, times: HandlerTimes, alarms: Alarm
         logger.warning(
             "lease lost for job(s) %s: their writes were rolled back",
             ids,
-            extra={"tombstones": {"job_ids": ids}},
+            extra=jobs_fields(ids),
         )
         for attempt in attempts:
             attempt.lose()
@@ -198,9 +199,7 @@ def _give_back_group(claim: Claim, attempts: list[Attempt], exc: DatabaseError) 
         "could not record the outcomes of job(s) %s (%s); they are given back",
         [a.job.pk for a in attempts],
         error_class(exc),
-        extra={
-            "tombstones": {"job_ids": [a.job.pk for a in attempts], "error_class": error_class(exc)}
-        },
+        extra=jobs_fields([a.job.pk for a in attempts], error_class=error_class(exc)),
     )
     try:
         give_back(

@@ -29,6 +29,8 @@ from typing import Any
 from django.db import DatabaseError, router
 
 from ...conf import tombstone_settings
+from ...monitoring import beats
+from ...monitoring.logfields import jobs_fields
 from ...signals import job_claimed, send_hook
 from .. import ledger, queues, wakeups
 from ..cluster import cluster_workers, in_cluster_worker
@@ -60,6 +62,8 @@ class WorkerProcess:
         # Whether this process's last claim ran quickly. Only the size of the next claim
         # depends on it, never the road its jobs take.
         self.quick: bool | None = None
+        # Its heartbeat thread, in a cluster's worker (started by start()).
+        self.heart: beats.Heart | None = None
 
     def reset_pace(self) -> None:
         """Forget how its claims and handlers ran (tests start from a fresh process's pace)."""
@@ -170,6 +174,8 @@ class WorkerProcess:
         predecessor may have held, and ticks at once."""
         if not in_cluster_worker():
             return
+        self.heart = beats.Heart(queues.own_cluster())
+        self.heart.start()
         try:
             wakeups.open_gate()
         except Exception as exc:  # noqa: BLE001 - the gate expires by itself
@@ -187,13 +193,11 @@ def _interrupted(claim: Claim, attempts: list[Attempt], exc: BaseException, alar
         "worker interrupted by %s with %s job(s) in hand; they are given back",
         error,
         len(unfinished),
-        extra={
-            "tombstones": {
-                "error_class": error,
-                "job_ids": [a.job.pk for a in unfinished],
-                "culprit": culprit.pk if culprit else None,
-            }
-        },
+        extra=jobs_fields(
+            [a.job.pk for a in unfinished],
+            error_class=error,
+            culprit=culprit.pk if culprit else None,
+        ),
     )
     if not unfinished:
         return
@@ -214,7 +218,7 @@ def _give_back_expired(claim: Claim, attempts: list[Attempt]) -> None:
     logger.warning(
         "claim past its lease: %s job(s) not started are given back",
         len(refused),
-        extra={"tombstones": {"job_ids": [a.job.pk for a in refused]}},
+        extra=jobs_fields([a.job.pk for a in refused]),
     )
     try:
         give_back(claim, refused)

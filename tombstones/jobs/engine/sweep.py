@@ -13,6 +13,7 @@ from typing import Any
 from django_q.models import Schedule
 
 from ...conf import tombstone_settings
+from ...monitoring import beats
 from .. import ledger, queries, queues
 from ..models import Job, JobEvent
 from ..wakeups import wake_soon
@@ -26,7 +27,7 @@ BATCH = 500
 
 def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
     """Take back lapsed leases, expire old jobs, resume paused ones, wake a pump if any is due,
-    fold the outcome roll-up's new rows."""
+    fold the outcome roll-up's new rows, forget workers silent for an hour."""
     counts = {**ledger.take_back_lapsed(using, limit=BATCH), "expired": 0, "resumed": 0}
     jobs = Job.objects.using(using).select_related("content_type")
     # A reserved lane follower (queued with a claim token) is its claim's: that worker records it
@@ -56,6 +57,7 @@ def sweep(using: str | None = None, *, dispatch: bool = True) -> dict[str, int]:
             wake_soon(head, cluster=cluster)
     counts["dispatched"] = len(woken)
     counts["folded"] = ledger.rollup.fold(using)
+    counts["forgotten"] = beats.forget(using)
     return counts
 
 

@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ...conf import tombstone_settings
+from ...monitoring.logfields import jobs_fields
 from .. import queries
 from ..models import Job
 from ..queues import known as known_queues
@@ -263,7 +264,7 @@ def _with_their_heads(db: str, taken: list[Job]) -> list[Job]:
     logger.error(
         "a claim took %s follower(s) without their lane's head; they go back",
         len(stray),
-        extra={"tombstones": {"job_ids": stray}},
+        extra=jobs_fields(stray),
     )
     Job.objects.using(db).filter(pk__in=stray).update(**uncharged())
     return [job for job in taken if job.pk not in stray]

@@ -17,6 +17,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
+from ...monitoring import tracing
 from ..models import PLAIN_LANE_PREFIX, Job
 from . import lanes
 
@@ -53,6 +54,7 @@ def insert_job(
         "external": external,
         "priority": priority,
         "queue": queue,
+        "traceparent": tracing.traceparent(),
     }
     if run_after is not None:
         # A delayed job takes its place in its lane when it is due; never before now, so that it
@@ -116,7 +118,8 @@ def insert_jobs(
     (one statement's time, then ids in order). Call inside the caller's transaction."""
     if not rows:
         return []
-    jobs = [Job(**fields) for fields in rows]
+    trace = tracing.traceparent()
+    jobs = [Job(**{"traceparent": trace, **fields}) for fields in rows]
     with transaction.atomic(using=db, savepoint=False):
         lanes.hold_many(db, [job.lane for job in jobs])
         if connections[db].vendor == "postgresql":

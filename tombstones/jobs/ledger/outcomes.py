@@ -23,6 +23,8 @@ from django.db.models.sql import UpdateQuery
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost
+from ...monitoring import tracing
+from ...monitoring.logfields import job_fields
 from ...signals import job_escalated, job_finished
 from ..models import Job, JobEvent
 from ..states import EVENT_FOR_STATUS, TERMINAL, Event, Reason, Status
@@ -401,6 +403,7 @@ def announce(job: Job, status: str, reason: str, found: Found) -> None:
     extra = {
         "job_id": job.pk,
         "handler": job.handler,
+        "queue": job.queue,
         "record": record_ref(job.content_type_id, job.object_id),
         "status": status,
         "reason": reason,
@@ -417,7 +420,9 @@ def announce(job: Job, status: str, reason: str, found: Found) -> None:
     )
 
     def emit() -> None:
-        logger.log(level, message, extra, extra={"tombstones": extra})
+        fields = job_fields(job, status, reason, **extra)
+        logger.log(level, message, extra, extra=fields)
+        tracing.job_ran(job, status, reason)
         if status in TERMINAL:
             job_finished.send(sender=Job, job=job, status=status, reason=reason)
         if status == Status.ESCALATED:
