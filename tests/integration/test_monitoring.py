@@ -154,6 +154,20 @@ def test_metrics__outcome_counters_stay_when_jobs_are_purged(
     assert _value(after, "tombstones_start_latency_jobs") == 0
 
 
+def test_metrics__start_latency_counts_the_last_five_minutes_only(
+    superuser_client: Client, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs = [run(tombstones.enqueue(HANDLER, CustomerFactory())) for _ in range(3)]
+    # One waited 40 s from due to start; one finished ten minutes ago (out of the window).
+    Job.objects.filter(pk=jobs[0].pk).update(run_after=Now() - Value(timedelta(seconds=40)))
+    Job.objects.filter(pk=jobs[1].pk).update(finished_at=Now() - Value(timedelta(minutes=10)))
+    metrics = _scrape(superuser_client)
+    assert _value(metrics, "tombstones_start_latency_jobs") == 2
+    assert 39 <= _value(metrics, "tombstones_start_latency_seconds", quantile="0.99") < 60
+    assert _value(metrics, "tombstones_start_latency_seconds", quantile="0.5") < 39
+
+
 def test_metrics__named_queues_have_their_own_series(
     superuser_client: Client, settings: Any
 ) -> None:

@@ -36,6 +36,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from ..conf import tombstone_settings
+from ..monitoring.logfields import jobs_fields
 from .cluster import runs_in_sync
 from .queues import own_cluster
 
@@ -89,7 +90,7 @@ def wake(reason: int | None = None, *, cluster: str | None = None) -> str | None
             reason,
             type(exc).__name__,
             f": module {missing!r} is missing" if missing else "",
-            extra={"tombstones": {"job_id": reason, "error_class": type(exc).__name__}},
+            extra=jobs_fields([reason], job_id=reason, error_class=type(exc).__name__),
         )
         return None
 

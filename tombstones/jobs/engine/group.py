@@ -210,7 +210,11 @@ def _give_back_group(claim: Claim, attempts: list[Attempt], exc: DatabaseError) 
             error_class=error_class(exc),
         )
     except DatabaseError:
-        logger.warning("could not give back %s job(s); their leases will lapse", len(attempts))
+        logger.warning(
+            "could not give back %s job(s); their leases will lapse",
+            len(attempts),
+            extra=jobs_fields([a.job.pk for a in attempts]),
+        )
         for attempt in attempts:
             attempt.lose()
 

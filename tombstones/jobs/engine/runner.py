@@ -205,7 +205,11 @@ def _interrupted(claim: Claim, attempts: list[Attempt], exc: BaseException, alar
         give_back(claim, unfinished, culprit=culprit, suspects=culprit is None, error_class=error)
     except (DatabaseError, LookupError):
         # Left running: their leases run out and the next tick takes them back.
-        logger.warning("could not give back %s job(s); their leases will lapse", len(unfinished))
+        logger.warning(
+            "could not give back %s job(s); their leases will lapse",
+            len(unfinished),
+            extra=jobs_fields([a.job.pk for a in unfinished]),
+        )
         return
     wakeups.hand_off()
     alarms.arm_next(claim.using)  # the culprit's retry
@@ -223,7 +227,11 @@ def _give_back_expired(claim: Claim, attempts: list[Attempt]) -> None:
     try:
         give_back(claim, refused)
     except DatabaseError:
-        logger.warning("could not give back %s job(s); their leases will lapse", len(refused))
+        logger.warning(
+            "could not give back %s job(s); their leases will lapse",
+            len(refused),
+            extra=jobs_fields([a.job.pk for a in refused]),
+        )
 
 
 # The one piece of engine state at module level: this process's WorkerProcess, with the pid it
