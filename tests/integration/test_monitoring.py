@@ -121,6 +121,7 @@ def test_metrics__match_the_ledger_after_real_jobs(
     assert _value(metrics, "tombstones_lanes", queue="default", status="queued") == 1
     assert _value(metrics, "tombstones_workers", cluster=queues.home_cluster()) == 2
     assert _value(metrics, "tombstones_workers", cluster="another-cluster") == 0
+    assert _value(metrics, "tombstones_broker_up", cluster=queues.home_cluster()) == 1
     last = _value(
         metrics,
         "tombstones_worker_last_heartbeat_timestamp_seconds",
@@ -280,7 +281,9 @@ def test_health__jobs_waiting_for_staff(django_capture_on_commit_callbacks: Any)
     assert out.strip().endswith("2 job(s) wait for staff")
 
 
-def test_health__the_broker_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_health__the_broker_unreachable(
+    monkeypatch: pytest.MonkeyPatch, superuser_client: Client
+) -> None:
     from django_q.conf import Conf
 
     # A real Redis client to a port nothing listens on.
@@ -291,6 +294,8 @@ def test_health__the_broker_unreachable(monkeypatch: pytest.MonkeyPatch) -> None
     code, out = _health()
     assert code == 1
     assert f"FAIL broker: the broker of cluster '{queues.home_cluster()}' is unreachable" in out
+    metrics = _scrape(superuser_client)
+    assert _value(metrics, "tombstones_broker_up", cluster=queues.home_cluster()) == 0
 
 
 @pytest.mark.parametrize(

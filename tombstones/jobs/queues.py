@@ -102,6 +102,11 @@ def cluster_of(queue: str) -> str:
     return tombstone_settings.QUEUES.get(queue) or home_cluster()
 
 
+def clusters() -> list[str]:
+    """The django-q2 clusters that serve a queue, by name."""
+    return sorted({cluster_of(queue) for queue in known()})
+
+
 def own_cluster() -> str:
     """The cluster this process's pump serves: the one it runs in, in a cluster's worker, else
     the home cluster (a test, a command, sync mode)."""

@@ -77,6 +77,8 @@ TERMINAL = (
 SUSPECT = (Reason.LEASE_EXPIRED, Reason.CRASHED)
 # A claim's jobs: its heads (running) and its lane followers (queued, reserved by its token).
 HELD = (Status.RUNNING, Status.QUEUED)
+# Finished, but waiting for staff to decide (the dashboard's lists, the health check).
+AWAITING_STAFF = (Status.UNCERTAIN, Status.ESCALATED)
 
 
 class Event(models.TextChoices):

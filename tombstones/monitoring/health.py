@@ -16,8 +16,8 @@ from django.db.models import Count
 
 from ..jobs import queues
 from ..jobs.models import Job
+from ..jobs.states import AWAITING_STAFF as AWAITING
 from . import beats
-from .metrics import AWAITING
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,8 @@ def check(using: str | None = None, limits: Limits | None = None) -> Report:
     limits = limits or Limits()
     db = using or router.db_for_read(Job)
     report = Report()
-    clusters = sorted({queues.cluster_of(queue) for queue in queues.known()})
-    for cluster in clusters:
-        report.brokers[cluster] = _broker(cluster)
+    for cluster in queues.clusters():
+        report.brokers[cluster] = broker_status(cluster)
         if report.brokers[cluster] != "ok":
             report.problems.append(
                 Problem(
@@ -113,7 +112,7 @@ def _ledger(db: str, limits: Limits, report: Report) -> None:
         )
 
 
-def _broker(cluster: str) -> str:
+def broker_status(cluster: str) -> str:
     """``"ok"``, or why the broker of ``cluster`` cannot be reached (an exception's class)."""
     from django_q.brokers import get_broker
 

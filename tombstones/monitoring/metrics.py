@@ -15,6 +15,7 @@ queue, status, reason, cluster and worker process names only):
 - ``tombstones_workers{cluster}``: worker processes alive (a heartbeat within 30 s).
 - ``tombstones_worker_last_heartbeat_timestamp_seconds{cluster,worker}``: each worker's last
   heartbeat (Unix time), for workers heard of in the last hour.
+- ``tombstones_broker_up{cluster}``: 1 when the cluster's django-q2 broker answers, else 0.
 - ``tombstones_start_latency_seconds{quantile}``: from due (the enqueue, or a delay's or a
   retry's end) to start, over the last :data:`SAMPLE` jobs that finished in the last
   :data:`WINDOW`; ``tombstones_start_latency_jobs``: how many that is.
@@ -39,11 +40,11 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ..jobs import queues
 from ..jobs.ledger import rollup
 from ..jobs.models import Job
-from ..jobs.states import TERMINAL, UNFINISHED, Status
+from ..jobs.states import AWAITING_STAFF as AWAITING
+from ..jobs.states import TERMINAL, UNFINISHED
 from . import beats
+from .health import broker_status
 
-# Finished jobs that wait for staff: a gauge of them says what an operator has to do.
-AWAITING = (Status.UNCERTAIN, Status.ESCALATED)
 WINDOW = timedelta(minutes=5)
 SAMPLE = 1000
 QUANTILES = (0.5, 0.9, 0.99)
@@ -63,6 +64,7 @@ class LedgerCollector(Collector):
         yield self.outcomes()
         yield self.oldest_due()
         yield from self.workers()
+        yield self.brokers()
         yield from self.start_latency()
 
     def jobs_and_lanes(self) -> Iterator[Metric]:
@@ -117,7 +119,7 @@ class LedgerCollector(Collector):
             labels=["cluster"],
         )
         counts = beats.live(self.db)
-        for cluster in sorted({*counts, *map(queues.cluster_of, queues.known())}):
+        for cluster in sorted({*counts, *queues.clusters()}):
             live.add_metric([cluster], counts.get(cluster, 0))
         last = GaugeMetricFamily(
             "tombstones_worker_last_heartbeat_timestamp_seconds",
@@ -129,6 +131,16 @@ class LedgerCollector(Collector):
             last.add_metric([cluster, name], at)
         yield live
         yield last
+
+    def brokers(self) -> Metric:
+        family = GaugeMetricFamily(
+            "tombstones_broker_up",
+            "1 when the django-q2 broker of a cluster answers, 0 when it cannot be reached.",
+            labels=["cluster"],
+        )
+        for cluster in queues.clusters():
+            family.add_metric([cluster], 1.0 if broker_status(cluster) == "ok" else 0.0)
+        return family
 
     def start_latency(self) -> Iterator[Metric]:
         waits = sorted(self._recent_waits())
