@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,6 +257,21 @@ done = client.post(f"/admin/customers/customer/{customer.pk}/delete/", {"post": 
 print("deleted", done.status_code, Customer.all_objects.get(pk=customer.pk).is_tombstone)
 """
 
+METRICS = """
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+setup_test_environment()
+client = Client()
+client.force_login(get_user_model().objects.get(username="admin"))
+page = client.get("/tombstones/metrics")
+dashboard = client.get("/admin/tombstones/job/dashboard/").content.decode()
+live = [l for l in page.content.decode().splitlines() if l.startswith("tombstones_workers{")]
+workers = sum(int(float(l.rsplit(" ", 1)[1])) for l in live)
+print("metrics", page.status_code, "linked", 'id="metrics-link"' in dashboard, "workers", workers)
+"""
+
 
 def test_demo__the_readme_walk_through_shows_the_four_race_cases(
     checkout: Path, tmp_path: Path
@@ -270,7 +286,8 @@ def test_demo__the_readme_walk_through_shows_the_four_race_cases(
     # Time enough for the admin delete before the first, and for the re-create before the second.
     enqueue = enqueue.replace("seconds=30", "seconds=12").replace("seconds=90", "seconds=35")
     log = tmp_path / "demo.log"
-    with running_demo(checkout, free_address(), log):
+    addr = free_address()
+    with running_demo(checkout, addr, log):
         run(checkout, "bash", "-c", enqueue)
         # 2. The admin's delete (as staff would click it), then 3. the job after the delete.
         assert "deleted 302 True" in shell(checkout, ADMIN_DELETE)
@@ -291,3 +308,10 @@ def test_demo__the_readme_walk_through_shows_the_four_race_cases(
         lines = [line.rstrip() for line in fixture.splitlines()]
         for line in block(blocks, "demo-racefixture-cases", "text").splitlines():
             assert line in lines, fixture
+        # The metrics page the README's demo section names: refused to anonymous requests,
+        # linked from the dashboard for the admin, and counting the demo's live workers.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{addr}/tombstones/metrics", timeout=10)
+        assert refused.value.code == 401
+        shown = shell(checkout, METRICS).splitlines()[-1]
+        assert re.fullmatch(r"metrics 200 linked True workers [1-9]\d*", shown), shown
