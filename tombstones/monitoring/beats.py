@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Q
 from django.db.models.functions import Now
 
 from ..jobs.models import WorkerBeat
@@ -74,13 +74,10 @@ def live(using: str | None = None, silence: timedelta = SILENCE) -> dict[str, in
 def last_beats(using: str | None = None) -> list[tuple[str, str, float]]:
     """(cluster, name, unix time of the last beat) of every worker heard of in the last hour."""
     db = using or router.db_for_read(WorkerBeat)
-    rows = (
-        WorkerBeat.objects.using(db)
-        .values_list("cluster", "name")
-        .annotate(at=Max("beat_at"))
-        .order_by("cluster", "name")
-    )
-    return [(cluster, name, at.timestamp()) for cluster, name, at in rows]
+    rows = WorkerBeat.objects.using(db).values_list("cluster", "name", "beat_at")
+    return [
+        (cluster, name, at.timestamp()) for cluster, name, at in rows.order_by("cluster", "name")
+    ]
 
 
 def forget(using: str | None = None) -> int:
