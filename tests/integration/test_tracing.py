@@ -101,6 +101,27 @@ def test_tracing__a_rejected_run_says_why_and_no_span_makes_no_link(
     )
 
 
+def test_tracing__a_failing_tracer_stops_no_enqueue_and_no_run(
+    spans: InMemorySpanExporter,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("exporter down")
+
+    monkeypatch.setattr(trace, "get_current_span", broken)
+    monkeypatch.setattr(trace, "get_tracer", broken)
+    with django_capture_on_commit_callbacks(execute=True):
+        job = run(tombstones.enqueue(HANDLER, CustomerFactory()))
+    assert (job.status, job.traceparent) == ("succeeded", "")
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tracing:")]
+    assert warned == [
+        "tracing: could not read the current span (RuntimeError)",
+        "tracing: could not record a job's span (RuntimeError)",
+    ]
+
+
 def test_tracing__without_opentelemetry_nothing_is_imported() -> None:
     """In a process where ``opentelemetry`` cannot be found."""
     code = textwrap.dedent(

@@ -13,6 +13,7 @@ imports anything and every function returns at once.
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import datetime
 from functools import cache
@@ -23,6 +24,8 @@ from django.utils import timezone
 
 if TYPE_CHECKING:
     from ..jobs.models import Job
+
+logger = logging.getLogger("tombstones")
 
 TRACER = "tombstones"
 SYSTEM = "tombstones"
@@ -45,6 +48,29 @@ def traceparent() -> str:
     """The current span's ``traceparent`` ("" with no valid span, or without OpenTelemetry)."""
     if not available():
         return ""
+    try:
+        return _traceparent()
+    except Exception as exc:  # noqa: BLE001 - a tracer's fault must not refuse an enqueue
+        _failed("read the current span", exc)
+        return ""
+
+
+def job_ran(job: Job, status: str, reason: str) -> None:
+    """The span of ``job``'s run that ended in ``status`` (``reason``), from its start until now;
+    nothing for a job that did not run (cancelled, expired by the sweep) or without OTel."""
+    if not available() or job.started_at is None:
+        return
+    try:
+        _job_span(job, job.started_at, status, reason)
+    except Exception as exc:  # noqa: BLE001 - after the commit: a tracer's fault stops no worker
+        _failed("record a job's span", exc)
+
+
+def _failed(what: str, exc: Exception) -> None:
+    logger.warning("tracing: could not %s (%s)", what, type(exc).__name__)
+
+
+def _traceparent() -> str:
     from opentelemetry import trace
 
     context = trace.get_current_span().get_span_context()
@@ -53,11 +79,7 @@ def traceparent() -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
-def job_ran(job: Job, status: str, reason: str) -> None:
-    """The span of ``job``'s run that ended in ``status`` (``reason``), from its start until now;
-    nothing for a job that did not run (cancelled, expired by the sweep) or without OTel."""
-    if not available() or job.started_at is None:
-        return
+def _job_span(job: Job, started: datetime, status: str, reason: str) -> None:
     from opentelemetry import context, trace
 
     links = []
@@ -76,7 +98,7 @@ def job_ran(job: Job, status: str, reason: str) -> None:
         context=context.Context(),  # a trace of its own, linked to the enqueue
         kind=trace.SpanKind.CONSUMER,
         links=links,
-        start_time=_ns(job.started_at),
+        start_time=_ns(started),
         attributes={
             "messaging.system": SYSTEM,
             "messaging.operation.type": "process",
@@ -91,7 +113,7 @@ def job_ran(job: Job, status: str, reason: str) -> None:
     )
     if status in _ERRORS:
         span.set_status(trace.Status(trace.StatusCode.ERROR, reason or status))
-    span.end(end_time=max(_ns(timezone.now()), _ns(job.started_at)))  # two clocks
+    span.end(end_time=max(_ns(timezone.now()), _ns(started)))  # two clocks
 
 
 def _ns(moment: datetime) -> int:
