@@ -151,9 +151,12 @@ def test_lanes__heartbeat_extends_the_lease_and_a_lost_lease_fences_everything(
 
 
 def test_lanes__long_handler_heartbeat_survives_concurrent_sweeps(queue: str) -> None:
-    """Lease 1s, handler 1.5s with heartbeats, sweeps every 50 ms: never taken over."""
+    """Lease 1s, handler 3s with heartbeats, sweeps every 50 ms: never taken over.
+
+    Three leases long, so that more than ten sweeps run beside it however loaded the machine
+    (a sweep took 190 ms with CI's four test processes on two cores: 8 in 1.5 s)."""
     record = entity("L9")
-    job = enqueue("stress.apply", record, params={"heartbeat": 1.5, "heartbeat_every": 0.2})
+    job = enqueue("stress.apply", record, params={"heartbeat": 3.0, "heartbeat_every": 0.2})
     done = threading.Event()
     swept: list[dict[str, int]] = []
 
