@@ -178,9 +178,9 @@ def _fresh_work(backlog: int, recent: int) -> None:
     from django.db import connection
 
     from bench.ledger import _content_type_id
+    from tombstones.jobs import beats
     from tombstones.jobs.ledger import rollup
     from tombstones.jobs.models import WorkerBeat
-    from tombstones.monitoring import beats
 
     pg = connection.vendor == "postgresql"
     ct = _content_type_id("default")

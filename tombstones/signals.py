@@ -11,7 +11,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from .monitoring.logfields import job_fields
+from .logfields import job_fields
 
 logger = logging.getLogger("tombstones")
 

@@ -16,9 +16,9 @@ from django.test import Client
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
+from tombstones.jobs import beats
 from tombstones.jobs.enqueue import enqueue
 from tombstones.models import Job
-from tombstones.monitoring import beats
 
 from .helpers_cluster import broker_cluster, entity, finished, wait_for
 

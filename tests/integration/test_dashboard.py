@@ -262,8 +262,7 @@ def test_dashboard__the_charts_read_the_rollup_never_the_ledger() -> None:
 def test_dashboard__live_workers_and_the_metrics_link_for_who_may_read_it(
     staff_client: Client,
 ) -> None:
-    from tombstones.jobs import queues
-    from tombstones.monitoring import beats
+    from tombstones.jobs import beats, queues
 
     context, html = _page(staff_client)
     assert context["live_workers"] == 0

@@ -29,10 +29,9 @@ from project.customers.models import Customer
 from tests.factories import CustomerFactory
 from tests.jobkit import run, temp_handler
 from tombstones.conf import tombstone_settings
-from tombstones.jobs import queues
+from tombstones.jobs import beats, queues
 from tombstones.jobs.states import TERMINAL
 from tombstones.models import Job
-from tombstones.monitoring import beats
 
 pytestmark = pytest.mark.django_db
 

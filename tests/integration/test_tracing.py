@@ -140,7 +140,7 @@ def test_tracing__without_opentelemetry_nothing_is_imported() -> None:
         import django, os
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
         django.setup()
-        from tombstones.monitoring import tracing
+        from tombstones.jobs import tracing
         assert tracing.available() is False
         assert tracing.traceparent() == ""
         job = SimpleNamespace(started_at=datetime.now(UTC), traceparent="", queue="default")

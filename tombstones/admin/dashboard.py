@@ -26,10 +26,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ..conf import tombstone_settings
-from ..jobs import queries
+from ..jobs import beats, queries
 from ..jobs.ledger import rollup
 from ..jobs.models import Job, JobEvent
-from ..monitoring import beats
 from ..monitoring.views import PERMISSION
 from .counting import count
 from .display import format_time

@@ -227,7 +227,7 @@ class Job(models.Model):
     # claim's cost follows the lanes that changed, not the lanes that wait.
     ready_at = models.DateTimeField(null=True, blank=True, db_default=Now(), editable=False)
     # The W3C traceparent of the span that enqueued it (with opentelemetry-api installed): ids
-    # and flags only, never baggage or trace state (:mod:`tombstones.monitoring.tracing`).
+    # and flags only, never baggage or trace state (:mod:`tombstones.jobs.tracing`).
     traceparent = models.CharField(
         max_length=55, blank=True, default="", db_default="", editable=False
     )
@@ -526,7 +526,7 @@ class OutcomeRollup(models.Model):
 
 class WorkerBeat(models.Model):
     """A cluster worker process's last sign of life: its heartbeat thread writes it every
-    :data:`~tombstones.monitoring.beats.BEAT_SECONDS` (:mod:`tombstones.monitoring.beats`).
+    :data:`~tombstones.jobs.beats.BEAT_SECONDS` (:mod:`tombstones.jobs.beats`).
 
     One row per process name (host and pid); the sweep deletes rows silent for an hour. The
     metrics page and ``tombstones_health`` read it: live workers per cluster, their last beat.

@@ -36,7 +36,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from ..conf import tombstone_settings
-from ..monitoring.logfields import jobs_fields
+from ..logfields import jobs_fields
 from .cluster import runs_in_sync
 from .queues import own_cluster
 

@@ -14,10 +14,9 @@ from typing import Any
 from django.db import DatabaseError, router
 from django.db.models import Count
 
-from ..jobs import queues
+from ..jobs import beats, queues
 from ..jobs.models import Job
 from ..jobs.states import AWAITING_STAFF as AWAITING
-from . import beats
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,11 @@ from django.db.models.functions import Now
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..jobs import queues
+from ..jobs import beats, queues
 from ..jobs.ledger import rollup
 from ..jobs.models import Job
 from ..jobs.states import AWAITING_STAFF as AWAITING
 from ..jobs.states import TERMINAL, UNFINISHED
-from . import beats
 from .health import broker_status
 
 WINDOW = timedelta(minutes=5)

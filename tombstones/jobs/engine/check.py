@@ -16,7 +16,7 @@ from django.db import DatabaseError
 
 from ...conf import tombstone_settings
 from ...exceptions import UnknownHandler
-from ...monitoring.logfields import job_fields
+from ...logfields import job_fields
 from ...records import rows
 from ..ledger import Outcome
 from ..models import Job

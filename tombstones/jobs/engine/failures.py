@@ -11,7 +11,7 @@ from django.db import DatabaseError, IntegrityError
 
 from ...conf import tombstone_settings
 from ...exceptions import TransientError
-from ...monitoring.logfields import job_fields
+from ...logfields import job_fields
 from ...records.fencing import Observation, State
 from ..ledger import Outcome
 from .attempt import Attempt, Reason, Status, error_class, error_trace

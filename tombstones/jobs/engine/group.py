@@ -23,7 +23,7 @@ from django.db import DatabaseError, connections, transaction
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost
-from ...monitoring.logfields import jobs_fields
+from ...logfields import jobs_fields
 from ...records.fencing import Observation, State
 from ...signals import job_checked, send_hook
 from .. import ledger

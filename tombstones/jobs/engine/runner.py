@@ -29,10 +29,9 @@ from typing import Any
 from django.db import DatabaseError, router
 
 from ...conf import tombstone_settings
-from ...monitoring import beats
-from ...monitoring.logfields import jobs_fields
+from ...logfields import jobs_fields
 from ...signals import job_claimed, send_hook
-from .. import ledger, queues, wakeups
+from .. import beats, ledger, queues, wakeups
 from ..cluster import cluster_workers, in_cluster_worker
 from ..ledger import Claim, Outcome
 from ..models import Job

@@ -13,8 +13,7 @@ from typing import Any
 from django_q.models import Schedule
 
 from ...conf import tombstone_settings
-from ...monitoring import beats
-from .. import ledger, queries, queues
+from .. import beats, ledger, queries, queues
 from ..models import Job, JobEvent
 from ..wakeups import wake_soon
 

@@ -26,7 +26,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ...conf import tombstone_settings
-from ...monitoring.logfields import jobs_fields
+from ...logfields import jobs_fields
 from .. import queries
 from ..models import Job
 from ..queues import known as known_queues

@@ -17,7 +17,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
-from ...monitoring import tracing
+from .. import tracing
 from ..models import PLAIN_LANE_PREFIX, Job
 from . import lanes
 

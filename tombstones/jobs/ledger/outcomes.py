@@ -23,9 +23,9 @@ from django.db.models.sql import UpdateQuery
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost
-from ...monitoring import tracing
-from ...monitoring.logfields import job_fields
+from ...logfields import job_fields
 from ...signals import job_escalated, job_finished
+from .. import tracing
 from ..models import Job, JobEvent
 from ..states import EVENT_FOR_STATUS, TERMINAL, Event, Reason, Status
 from .claims import Claim, given_back, mine

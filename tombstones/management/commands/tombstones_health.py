@@ -13,7 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...monitoring import beats, health
+from ...jobs import beats
+from ...monitoring import health
 from ..databases import add_database_argument, database_alias
 
 

@@ -21,7 +21,7 @@ from django.db import DatabaseError, IntegrityError, connections, router, transa
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from ..jobs.models import WorkerBeat
+from .models import WorkerBeat
 
 logger = logging.getLogger("tombstones")
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 if TYPE_CHECKING:
-    from ..jobs.models import Job
+    from .models import Job
 
 logger = logging.getLogger("tombstones")
 
