@@ -6,6 +6,7 @@ Every setting has a documented default (see docs/settings.md). A malformed value
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -288,6 +289,18 @@ class TombstoneSettings:
             except ImproperlyConfigured as exc:
                 errors.append(str(exc))
         return errors
+
+    def unknown(self) -> list[tuple[str, str | None]]:
+        """The project's ``TOMBSTONES_*`` settings this library does not read, each with the
+        nearest real name (or None): a misspelled name would otherwise be silently ignored."""
+        found: list[tuple[str, str | None]] = []
+        for name in dir(django_settings):
+            suffix = name.removeprefix("TOMBSTONES_")
+            if suffix != name and suffix not in _SETTINGS:
+                # Compared without the prefix, which every name shares.
+                nearest = difflib.get_close_matches(suffix, _SETTINGS, n=1, cutoff=0.6)
+                found.append((name, f"TOMBSTONES_{nearest[0]}" if nearest else None))
+        return sorted(found)
 
     def backoff(self, attempts: int) -> timedelta:
         """Delay before attempt ``attempts + 1``: base * 2**(attempts-1), capped."""

@@ -284,6 +284,30 @@ def test_check_settings__retention_longer_by_a_second_is_clean() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "nearest"),
+    [
+        ("TOMBSTONES_LEASES", "TOMBSTONES_LEASE"),
+        ("TOMBSTONES_MAX_ATEMPTS", "TOMBSTONES_MAX_ATTEMPTS"),
+        ("TOMBSTONES_RETENTON", "TOMBSTONES_RETENTION"),
+        ("TOMBSTONES_COLOUR_SCHEME", None),
+    ],
+)
+def test_check_settings__unknown_setting_is_w011_naming_the_nearest(
+    name: str, nearest: str | None
+) -> None:
+    with override_settings(**{name: 1}):
+        messages = check_settings()
+
+    assert ids(messages) == ["tombstones.W011"]
+    assert isinstance(messages[0], checks.Warning)
+    assert name in messages[0].msg
+    if nearest:
+        assert messages[0].hint == f"Did you mean {nearest}?"
+    else:
+        assert "TOMBSTONES_" not in (messages[0].hint or "")
+
+
+@pytest.mark.parametrize(
     ("name", "value"),
     [("LEASE", "soon"), ("MAX_ATTEMPTS", 0), ("Q_OPTIONS", "sync"), ("RETENTION", -1)],
 )

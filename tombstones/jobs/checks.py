@@ -1,5 +1,6 @@
 """System checks of the settings and of django-q2 (its broker, its timing) and SQLite's mode:
-``tombstones.E01x``/``E02x`` errors, the retention's ``E04x`` and ``W0xx`` warnings. The
+``tombstones.E01x``/``E02x`` errors, the retention's ``E04x`` and ``W0xx`` warnings (``W011``: a
+``TOMBSTONES_*`` setting the library does not know). The
 records' own are in :mod:`tombstones.records.checks`."""
 
 from __future__ import annotations
@@ -29,7 +30,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         )
     if not problems:
         errors += _retention_errors()
-    return errors
+    return errors + _unknown_settings()
+
+
+def _unknown_settings() -> list[checks.CheckMessage]:
+    warnings: list[checks.CheckMessage] = []
+    for name, nearest in tombstone_settings.unknown():
+        hint = f"Did you mean {nearest}?" if nearest else "See docs/settings.md for the settings."
+        warnings.append(
+            checks.Warning(
+                f"{name} is not a django-tombstone-guard setting; it has no effect.",
+                hint=hint,
+                id="tombstones.W011",
+            )
+        )
+    return warnings
 
 
 # The dashboard's "finished in the last hour" counts the ledger's rows.
