@@ -223,7 +223,7 @@ def test_engine__a_deploy_a_handler_the_old_workers_lack_waits_for_the_new_ones(
             log = old.log_tail(200)
         job.refresh_from_db()
         assert (job.status, job.attempts, job.finished_at) == (Status.RETRY_WAIT, 0, None)
-        assert "register the handler" in log
+        assert "restart the workers" in log
         with broker_cluster(1, STRESS_DEPLOYED="1"):  # the new workers
             wait_for(lambda: finished(job), timeout=30)
     job.refresh_from_db()

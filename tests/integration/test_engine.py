@@ -386,7 +386,7 @@ def test_unknown_handler__runs_once_a_worker_knows_it(
     with caplog.at_level(logging.WARNING, logger="tombstones"):
         job = run(job)  # an old worker: the handler is not registered here
     assert (job.status, job.reason, job.attempts) == (Status.RETRY_WAIT, Reason.HANDLER_UNKNOWN, 0)
-    assert any("register the handler" in r.getMessage() for r in caplog.records)
+    assert any("restart the workers" in r.getMessage() for r in caplog.records)
     waiting = why_waiting(job, timezone.now())
     assert "t.new_in_deploy" in waiting.text
     assert "deploy" in waiting.text

@@ -124,9 +124,12 @@ def _park(attempt: Attempt) -> Outcome:
     job = attempt.job
     delay = tombstone_settings.unknown_handler_wait(job_age(attempt))
     logger.warning(
-        "job %s: this worker has no handler %r; it waits %ss for a worker that has one. A deploy "
-        "in progress needs nothing; otherwise register the handler (it is escalated after "
-        "TOMBSTONES_JOB_MAX_AGE).",
+        "job %s: this worker has no handler %r; it waits %ss for a worker that has one. During "
+        "a deploy this needs nothing. If the handler or task was added since this worker "
+        "started, restart the workers: qcluster loads code only when it starts (in development, "
+        "run it under watchfiles to restart it on changes). A handler that no worker has is "
+        "not registered (check its module is imported); such a job is escalated after "
+        "TOMBSTONES_JOB_MAX_AGE.",
         job.pk,
         job.handler,
         int(delay.total_seconds()),
