@@ -39,3 +39,13 @@ def jobs_fields(ids: Iterable[Any], /, **more: Any) -> dict[str, Any]:
     """``extra=`` for a line about several jobs (``job_ids``)."""
     listed = list(ids)
     return {"job_ids": listed, "tombstones": {"job_ids": listed, **more}}
+
+
+def fence_text(generation: int | None, version: int | None) -> str:
+    """``g2/v5``; ``?`` for an unknown half, ``-`` when both are (a plain job has neither):
+    never ``gNone``. The log lines' and the admin's one spelling of a fence."""
+    if generation is None and version is None:
+        return "-"
+    g = "?" if generation is None else generation
+    v = "?" if version is None else version
+    return f"g{g}/v{v}"

@@ -35,7 +35,7 @@ pytestmark = [
 # Each list's essential columns: what a row is about, its ids and its time.
 ESSENTIAL = {
     "rejection": ("timestamp", "reason_code", "job_link", "record", "expected", "found"),
-    "jobevent": ("created", "event", "job_link", "record", "reason_code", "expected", "found"),
+    "jobevent": ("created", "event_name", "job_link", "record", "reason_code", "expected", "found"),
 }
 
 

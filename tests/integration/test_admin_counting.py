@@ -3,6 +3,7 @@ filter choices and date-hierarchy dates read by skip scans, never a scan of the 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ from django.utils import timezone
 
 import tombstones
 from bench.ledger import seed_finished
-from tests.factories import SheetRowFactory
+from project.customers.models import Customer
+from tests.factories import CustomerFactory, SheetRowFactory
 from tombstones.admin import counting
 from tombstones.models import Job
 
@@ -77,3 +79,28 @@ def test_jobs_list__pages_use_them(admin_client: Any) -> None:
     page = admin_client.get(f"{url}?created_at__year={now.year}&created_at__month={now.month}")
     assert page.status_code == 200
     assert f"created_at__day={now.day}" in page.content.decode()
+
+
+def _counter(html: str) -> str | None:
+    """The search bar's "4 results (5 total)", spaces collapsed; None when Django shows none."""
+    found = re.search(r'<span class="small quiet">(.*?)</span>', html, re.S)
+    return None if found is None else re.sub(r"<[^>]+>", "", " ".join(found.group(1).split()))
+
+
+def test_record_list__total_counts_the_list_its_link_opens(admin_client: Any) -> None:
+    live = [CustomerFactory(reference=f"C-77{i}") for i in range(4)]
+    CustomerFactory(reference="C-7799").delete()  # a tombstone: not in the live list
+    url = reverse("admin:customers_customer_changelist")
+
+    # The live list (the default) is the whole of what "total" opens: no "4 results (5 total)".
+    default = admin_client.get(url)
+    assert default.context["cl"].result_count == 4
+    assert default.context["cl"].full_result_count == 4
+    assert _counter(default.content.decode()) is None
+    # A search narrows it: its total is the live records, which its link (no parameters) lists.
+    searched = admin_client.get(url, {"q": live[0].reference})
+    assert _counter(searched.content.decode()) == "1 result (4 total)"
+    assert Customer.objects.count() == 4
+    # The tombstones are counted in their own list.
+    tombs = admin_client.get(url, {"records": "tombstones"})
+    assert tombs.context["cl"].result_count == 1

@@ -15,6 +15,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
@@ -29,9 +30,10 @@ from ..conf import tombstone_settings
 from ..jobs import ledger, retention
 from ..jobs.models import Job, JobEvent, Rejection
 from .counting import LedgerChangeList, LedgerPaginator
-from .display import format_time, time_column
+from .display import format_time, generation_version, time_column
 from .filters import EventFilter, ReasonFilter, RejectionReasonFilter
 from .search import search_ids
+from .statuses import STATUS_STYLES, status_badge
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -89,13 +91,17 @@ def record_ref(obj: Job | JobEvent) -> str:
     return ledger.record_ref(obj.content_type_id, obj.object_id)
 
 
-def generation_version(generation: int | None, version: int | None) -> str:
-    """``g2/v5`` (``?`` for an unknown half, ``-`` when both are)."""
-    if generation is None and version is None:
-        return "-"
-    g = "?" if generation is None else generation
-    v = "?" if version is None else version
-    return f"g{g}/v{v}"
+def event_rows(events: list[JobEvent]) -> list[tuple[JobEvent, str, str]]:
+    """Each event with its expected and found ``g2/v5`` as the lists write them (``-`` for a
+    plain job's, never ``gNone``): the job page's and the timeline's event tables."""
+    return [
+        (
+            ev,
+            generation_version(ev.expected_generation, ev.expected_version),
+            generation_version(ev.found_generation, ev.found_version),
+        )
+        for ev in events
+    ]
 
 
 def timeline_url(content_type_id: int | None, object_id: str) -> str:
@@ -163,7 +169,7 @@ class JobEventAdmin(AuditColumns):
     # time and the job do not).
     list_display = (
         "created",
-        "event",
+        "event_name",
         "job_link",
         "record",
         "reason_code",
@@ -177,8 +183,23 @@ class JobEventAdmin(AuditColumns):
     list_select_related = ("content_type",)
     fields = ("id", *list_display, "worker")
     readonly_fields = fields
+    # Says above the list which events are not rows of it (they are in the job's row).
+    change_list_template = "tombstones/admin/jobevent_change_list.html"
 
     created = time_column("created_at", gettext_lazy("created"))
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {"trail_job": searched_job_trail(request), **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    @admin.display(description=gettext_lazy("event"), ordering="event")
+    def event_name(self, obj: JobEvent) -> str:
+        # An event that ends in a status (rejected, succeeded...) reads as that status's badge.
+        if obj.event in STATUS_STYLES:
+            return status_badge(obj.event, obj.event)
+        return obj.event
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobEvent], search_term: str
@@ -189,6 +210,25 @@ class JobEventAdmin(AuditColumns):
     def job_link(self, obj: JobEvent) -> str:
         url = reverse("admin:tombstones_job_change", args=(obj.job_id,))
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
+
+
+def searched_job_trail(request: HttpRequest) -> dict[str, Any] | None:
+    """For a search by job id (``42``, ``#42``): the job's page, how many events it shows and
+    how many of them are stored rows (the rest are kept in the job's row: :meth:`Job.history`).
+    None for any other search, or no job of that id."""
+    term = request.GET.get(SEARCH_VAR, "").strip().removeprefix("#")
+    if not (term.isascii() and term.isdigit()) or len(term) > 18:  # "²" is a digit to isdigit()
+        return None
+    job = Job.objects.defer("params").filter(pk=int(term)).first()
+    if job is None:
+        return None
+    trail = job.history()
+    return {
+        "pk": job.pk,
+        "url": reverse("admin:tombstones_job_change", args=(job.pk,)),
+        "trail": len(trail),
+        "stored": sum(1 for ev in trail if ev.pk is not None),
+    }
 
 
 def _csv_cell(value: Any) -> str:
@@ -290,8 +330,9 @@ class RejectionAdmin(AuditColumns):
 
     @admin.display(description=gettext_lazy("reason"), ordering="reason")
     def reason_code(self, obj: Job | JobEvent) -> str:
-        # A rejection always has its reason; the list and the CSV show it bare.
-        return obj.reason
+        # A rejection always has its reason: shown as the rejected status's badge, its word the
+        # reason code (the CSV keeps it bare).
+        return status_badge(Job.Status.REJECTED, obj.reason)
 
     @admin.display(description=gettext_lazy("job id"), ordering="job_id")
     def job_link(self, obj: Rejection) -> str:

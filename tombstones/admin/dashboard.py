@@ -32,7 +32,7 @@ from ..jobs.models import Job, JobEvent
 from ..monitoring.views import PERMISSION
 from .counting import count
 from .display import format_time
-from .timeline import STATUS_COLOURS
+from .statuses import STATUS_COLOURS, status_badge
 
 Status = Job.Status
 Reason = Job.Reason
@@ -50,6 +50,10 @@ class BlockedLane:
     since: Any
     behind: int
     why: str
+
+    @property
+    def badge(self) -> str:
+        return status_badge(self.head.status, self.head.status)
 
 
 def status_counts() -> list[tuple[str, str, int]]:
@@ -71,10 +75,12 @@ def _last_event_at() -> Subquery:
     )
 
 
-# A job whose handler no worker that ran it knew: a deploy in progress, or a handler to register.
+# A job whose handler no worker that ran it knew: a deploy in progress, workers started before
+# the handler was added, or a handler to register.
 UNKNOWN_HANDLER = gettext_noop(
     "no worker that took it has the handler %(handler)s: if a deploy is in progress it runs once "
-    "the new workers are up; otherwise register the handler (re-queue escalated jobs then)"
+    "the new workers are up; if the handler was added since the workers started, restart them; "
+    "otherwise register the handler (re-queue escalated jobs then)"
 )
 
 
@@ -151,6 +157,16 @@ class Waiting:
     text: str
     at: datetime | None = None  # due at, or due since
     blocker: Job | None = None  # the job it waits behind
+
+    @property
+    def badge(self) -> str:
+        return status_badge(self.job.status, self.job.status)
+
+    @property
+    def blocker_badge(self) -> str:
+        return (
+            "" if self.blocker is None else status_badge(self.blocker.status, self.blocker.status)
+        )
 
 
 def why_waiting(job: Job, now: datetime) -> Waiting:
@@ -295,6 +311,8 @@ def stacked_chart(
         "bars": bars,
         "total": sum(b["total"] for b in bars),
         "legend": [(s, STATUS_COLOURS[s]) for s in order],
+        # The legend as the pages' badges: a shape and a word beside each colour.
+        "legend_badges": [status_badge(s, s) for s in order],
     }
 
 
@@ -362,8 +380,10 @@ def context() -> dict[str, Any]:
     now = timezone.now()
     by_day = outcomes_by_day(now)
     waiting, waiting_total = waiting_jobs(now)
+    counts = status_counts()
     return {
-        "status_counts": status_counts(),
+        "status_counts": counts,
+        "status_cards": [(value, status_badge(value, label), n) for value, label, n in counts],
         "waiting_jobs": waiting,
         "waiting_total": waiting_total,
         "blocked_lanes": blocked_lanes(),

@@ -18,6 +18,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ..logfields import fence_text
+
 DATE_FORMAT = "%Y-%m-%d"
 TIME_FORMAT = "%H:%M:%S"
 EMPTY = "-"
@@ -33,6 +35,11 @@ def format_time(value: datetime | None) -> str:
         return EMPTY
     local = _local(value)
     return f"{local.strftime(DATE_FORMAT)} {local.strftime(TIME_FORMAT)}"
+
+
+def generation_version(generation: int | None, version: int | None) -> str:
+    """``g2/v5``; ``?`` for an unknown half, ``-`` when both are: never ``gNone``."""
+    return fence_text(generation, version)
 
 
 def time_html(value: datetime | None) -> SafeString | str:

@@ -30,15 +30,17 @@ from .audit import (
     AuditColumns,
     ReadOnlyAdmin,
     breakable,
-    generation_version,
+    event_rows,
     plain_note,
     record_ref,
     time_column,
     timeline_url,
 )
 from .bulk_actions import StaffActionsMixin, log_message
+from .display import generation_version
 from .filters import HandlerFilter, ReasonFilter, StatusFilter
 from .search import search_jobs
+from .statuses import status_badge
 
 
 @admin.register(Job)
@@ -69,7 +71,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
     list_per_page = 50
     _job_fields = (
         *("id", "handler", "record", "queue", "lane"),
-        *("status", "reason_code", "error_class"),
+        *("status_shown", "reason_code", "error_class"),
     )
     _fence_fields = ("snapshot", "found", "external", "idempotency_key")
     _attempt_fields = ("attempts", "rereads", "owner_while_claimed")
@@ -115,12 +117,16 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_reason(self, obj: Job) -> str:
         if not obj.reason:
-            return obj.get_status_display()
+            return status_badge(obj.status)
         return format_html(
             '{}<br><span class="tg-note">{}</span>',
-            obj.get_status_display(),
+            status_badge(obj.status),
             breakable(obj.reason),
         )
+
+    @admin.display(description=gettext_lazy("status"))
+    def status_shown(self, obj: Job) -> str:
+        return status_badge(obj.status)
 
     @admin.display(description=gettext_lazy("handler"), ordering="handler")
     def handler_name(self, obj: Job) -> str:
@@ -186,7 +192,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
         job = self.get_object(request, unquote(object_id))
         extra = dict(extra_context or {})
         if job is not None and self.has_view_permission(request, job):
-            extra["job_events"] = job.history()
+            extra["job_events"] = event_rows(job.history())
             extra["staff_actions"] = [
                 (a, reverse("admin:tombstones_job_act", args=(quote(job.pk), a.slug)))
                 for a in self.allowed_actions(request, job)
@@ -241,6 +247,7 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
             "opts": self.opts,
             "job": job,
             "record_ref": PLAIN if job.is_plain else record_ref(job),
+            "snapshot": generation_version(job.generation, job.version),
             "action": staff_action,
             "possible": possible,
             "job_url": job_url,
@@ -293,11 +300,13 @@ class JobAdmin(StaffActionsMixin, AuditColumns):
             % {"record": f"{data.identity.model_label}:{object_id}"},
             "opts": self.opts,
             "timeline": data,
+            "event_rows": event_rows(data.events),
             "identity": data.identity,
             "svg": data.svg,
             "legend": [
                 (label, timeline.STATUS_COLOURS[value]) for value, label in Job.Status.choices
             ],
+            "legend_badges": [status_badge(value) for value in Job.Status.values],
             "record_url": record_url,
             "jobs_url": jobs_url,
         }

@@ -12,7 +12,8 @@ from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.options import TO_FIELD_VAR
+from django.contrib.admin.options import IS_POPUP_VAR
+from django.contrib.admin.templatetags.admin_urls import add_preserved_filters
 from django.contrib.admin.utils import model_ngettext
 from django.contrib.contenttypes.models import ContentType
 from django.db import models, router, transaction
@@ -22,7 +23,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from ..jobs.models import Job
 from ..records.mixin import TombstoneModel
@@ -52,11 +53,7 @@ class RecordDeleteMixin(admin.ModelAdmin):
 
     def erasure_context(self, records: Sequence[models.Model]) -> dict[str, Any]:
         """What a delete confirmation shows: personal fields to erase, queued jobs per record."""
-        opts = self.model._meta
-        personal = [
-            capfirst(str(cast("models.Field[Any, Any]", opts.get_field(name)).verbose_name))
-            for name in get_options(self.model).personal_fields
-        ]
+        personal = [capfirst(name) for name in self.personal_field_names()]
         counts = self.queued_job_counts([obj.pk for obj in records])
         # Live records (tombstones cannot be deleted), named as Django names them.
         rows = [(str(obj), counts.get(str(obj.pk), 0)) for obj in records]
@@ -107,14 +104,59 @@ class RecordDeleteMixin(admin.ModelAdmin):
             raise FenceConflict
 
     def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
-        # obj_display is str(obj), read before the erasure: the message must not bring the
-        # erased values back, so it names the tombstone by identity.
-        display = f"{self.opts.label} {obj_id}"
-        if TO_FIELD_VAR not in request.POST and TO_FIELD_VAR not in request.GET:
-            found = self.get_queryset(request).filter(pk=obj_id).first()
-            if found is not None:
-                display = found.tombstone_identity()
-        return super().response_delete(request, display, obj_id)
+        if IS_POPUP_VAR in request.POST:
+            return super().response_delete(request, obj_display, obj_id)  # no message there
+        # Not Django's "“str(obj)” was deleted successfully": str() may read the erased personal
+        # fields, and the record was not deleted but became a tombstone.
+        self.message_user(request, self.tombstoned_message([obj_id]), messages.SUCCESS)
+        if self.has_change_permission(request, None):
+            post_url = reverse(
+                f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                current_app=self.admin_site.name,
+            )
+            preserved: Any = {
+                "preserved_filters": self.get_preserved_filters(request),
+                "opts": self.opts,
+            }
+            post_url = add_preserved_filters(preserved, post_url)
+        else:
+            post_url = reverse("admin:index", current_app=self.admin_site.name)
+        return HttpResponseRedirect(post_url)
+
+    def tombstoned_message(self, pks: Sequence[Any]) -> str:
+        """What staff read once records became tombstones: model and ids, never ``str()``."""
+        count = len(pks)
+        if count == 1:
+            text = _("The %(name)s with ID %(pk)s is now a tombstone.") % {
+                "name": self.opts.verbose_name,
+                "pk": pks[0],
+            }
+        else:
+            text = _("%(count)d %(items)s are now tombstones.") % {
+                "count": count,
+                "items": self.opts.verbose_name_plural,
+            }
+        personal = self.personal_field_names()
+        if personal:
+            text += " " + ngettext(
+                "Its personal fields were erased: %(fields)s.",
+                "Their personal fields were erased: %(fields)s.",
+                count,
+            ) % {"fields": ", ".join(personal)}
+        text += " " + ngettext(
+            "Its jobs are fenced: a queued job is rejected instead of acting on the tombstone.",
+            "Their jobs are fenced: a queued job is rejected instead of acting on a tombstone.",
+            count,
+        )
+        return text
+
+    def personal_field_names(self) -> list[str]:
+        """The verbose names of the fields a deletion erases (shown on the confirmation too)."""
+        opts = self.model._meta
+        return [
+            str(cast("models.Field[Any, Any]", opts.get_field(name)).verbose_name)
+            for name in get_options(self.model).personal_fields
+        ]
 
     @admin.action(
         permissions=["delete"],
@@ -137,12 +179,8 @@ class RecordDeleteMixin(admin.ModelAdmin):
                     self.log_deletions(request, cast(Any, records))
                     self.delete_queryset(request, targets)
             if records:
-                self.message_user(
-                    request,
-                    _("Successfully deleted %(count)d %(items)s.")
-                    % {"count": len(records), "items": model_ngettext(self.opts, len(records))},
-                    messages.SUCCESS,
-                )
+                message = self.tombstoned_message([record.pk for record in records])
+                self.message_user(request, message, messages.SUCCESS)
             else:
                 self.message_user(request, _("Nothing was deleted."), messages.WARNING)
             return None  # back to the changelist

@@ -21,6 +21,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.templatetags.admin_urls import add_preserved_filters
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
@@ -116,6 +117,24 @@ class TombstoneStateFilter(admin.SimpleListFilter):
         return queryset.filter(deleted_at__isnull=True)
 
 
+class TombstoneChangeList(ChangeList):
+    """Django's changelist, its "(5 total)" counting what the link under it opens.
+
+    Django counts every row of ``get_queryset()`` for the total, and links it to the list
+    without parameters; here that list is the live records (the state filter's default), so
+    the total counts the live records too. Django's count took the tombstones in, and an
+    unfiltered list of 4 live records read "4 results (5 total)" and linked to the same 4.
+    """
+
+    def get_results(self, request: HttpRequest) -> None:
+        everything = self.root_queryset
+        self.root_queryset = everything.filter(deleted_at__isnull=True)
+        try:
+            super().get_results(request)
+        finally:
+            self.root_queryset = everything
+
+
 class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
     """ModelAdmin for a model on the ``TombstoneModel`` mixin: see the module docstring."""
 
@@ -176,6 +195,9 @@ class TombstoneAdmin(RecordLogMixin, RecordDeleteMixin, admin.ModelAdmin):
         if ordering:
             qs = qs.order_by(*ordering)
         return qs
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TombstoneChangeList
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         filters = list(super().get_list_filter(request))

@@ -19,25 +19,9 @@ from typing import Any
 from django.utils.translation import gettext as _
 
 from ..jobs.models import Job, JobEvent
-from .display import format_time
+from .display import format_time, generation_version
+from .statuses import STATUS_COLOURS  # the one table of colours by status
 
-Status = Job.Status
-
-# Colours by outcome; the legend in the template uses the same table.
-STATUS_COLOURS: dict[str, str] = {
-    Status.QUEUED: "#1565c0",
-    Status.RUNNING: "#0277bd",
-    Status.RETRY_WAIT: "#5c6bc0",
-    Status.PAUSED: "#8d6e63",
-    Status.SUCCEEDED: "#2e7d32",
-    Status.REJECTED: "#c62828",
-    Status.UNCERTAIN: "#ef6c00",
-    Status.SUPERSEDED: "#ffb74d",
-    Status.ESCALATED: "#6a1b9a",
-    Status.EXPIRED: "#9e9e9e",
-    Status.FAILED: "#ad1457",
-    Status.CANCELLED: "#616161",
-}
 GENERATION_COLOURS = ("#90caf9", "#a5d6a7", "#ffe082", "#ce93d8", "#80cbc4", "#ffab91")
 TOMBSTONE_COLOUR = "#e0e0e0"
 
@@ -291,7 +275,8 @@ def _short(handler: str, room: int) -> str:
 
 def _dot(ev: JobEvent, axis: Axis) -> dict[str, Any]:
     found = (
-        _(", found g%(g)s/v%(v)s") % {"g": ev.found_generation, "v": ev.found_version}
+        _(", found %(found)s")
+        % {"found": generation_version(ev.found_generation, ev.found_version)}
         if ev.found_generation is not None
         else ""
     )
@@ -319,7 +304,7 @@ def job_rows(
         outcome = job.get_status_display()
         if job.reason:
             outcome += f" ({job.reason})"
-        fence = f"g{job.generation}/v{job.version}"
+        fence = generation_version(job.generation, job.version)
         handler = _short(job.handler, room - text_width(f"#{job.pk}  {fence}"))
         rows.append(
             {

@@ -66,15 +66,15 @@ def errors_of(job: Job) -> list[TaskError]:
     if cls is None and job.reason in RAISED:
         cls = _importable(job.error_class)
     cls = cls or ERROR_CLASSES.get(job.reason)
-    found = (
-        f"found g{job.found_generation}/v{job.found_version}"
-        if job.found_generation is not None
-        else "nothing found"  # ended before its check read the record
-    )
-    text = (
-        f"job {job.pk} {job.status}: {job.reason or '-'} "
-        f"(expected g{job.generation}/v{job.version}, {found})"
-    )
+    text = f"job {job.pk} {job.status}: {job.reason or '-'}"
+    # A plain task has no record and so no fence: nothing to say rather than "gNone/vNone".
+    if job.generation is not None:
+        found = (
+            f"found {_fence(job.found_generation, job.found_version)}"
+            if job.found_generation is not None
+            else "nothing found"  # ended before its check read the record
+        )
+        text += f" (expected {_fence(job.generation, job.version)}, {found})"
     if job.error_class:
         text += f"; the handler raised {job.error_class}"
     trace = job.error_trace if isinstance(job.error_trace, str) else ""
@@ -84,6 +84,13 @@ def errors_of(job: Job) -> list[TaskError]:
             traceback=f"{trace}{text}" if trace else text,
         )
     ]
+
+
+def _fence(generation: int | None, version: int | None) -> str:
+    """``g2/v5``, ``?`` for a half not known (as the admin writes it)."""
+    g = "?" if generation is None else generation
+    v = "?" if version is None else version
+    return f"g{g}/v{v}"
 
 
 # Failures whose error_class is what the task raised (or, out of attempts, its last error).

@@ -23,7 +23,7 @@ from django.db.models.sql import UpdateQuery
 
 from ...conf import tombstone_settings
 from ...exceptions import LeaseLost
-from ...logfields import job_fields
+from ...logfields import fence_text, job_fields
 from ...signals import job_escalated, job_finished
 from .. import tracing
 from ..models import Job, JobEvent
@@ -415,13 +415,15 @@ def announce(job: Job, status: str, reason: str, found: Found) -> None:
     level = _LEVELS.get(status, logging.WARNING)
     message = (
         "job %(job_id)s %(status)s reason=%(reason)s handler=%(handler)s record=%(record)s "
-        "expected=g%(expected_generation)s/v%(expected_version)s "
-        "found=g%(found_generation)s/v%(found_version)s"
+        "expected=%(expected)s found=%(found)s"
     )
+    # Their own keys: a plain job has no fence (never "gNone/vNone").
+    args = {**extra, "expected": fence_text(job.generation, job.version)}
+    args["found"] = fence_text(found[0], found[1])
 
     def emit() -> None:
         fields = job_fields(job, status, reason, **extra)
-        logger.log(level, message, extra, extra=fields)
+        logger.log(level, message, args, extra=fields)
         tracing.job_ran(job, status, reason)
         if status in TERMINAL:
             job_finished.send(sender=Job, job=job, status=status, reason=reason)
