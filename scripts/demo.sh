@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: migrate the SQLite database, seed it, run the django-q2 cluster and the dev server.
-# Ctrl-C (or SIGTERM) stops both, including qcluster's worker processes.
+# Ctrl-C, SIGTERM, SIGHUP, or the end of the pipe it writes to (`make demo | tee demo.log` with the
+# tee gone) stops both, including qcluster's worker processes.
 #
 #   scripts/demo.sh           run the demo (make demo)
 #   scripts/demo.sh --reset   delete the demo database and .mail/, migrate and seed again, exit
@@ -85,7 +86,8 @@ echo "$$ $ADDR" > "$PIDFILE"
 trap 'rm -f "$PIDFILE"' EXIT
 "$PY" manage.py migrate --noinput
 CREDENTIALS=$("$PY" manage.py seed_demo)
-echo "$CREDENTIALS"
+# The users and passwords are shown once, in the banner below.
+echo "$CREDENTIALS" | grep -vE '^(demo users:|  (admin|auditor) )' || true
 
 # Job control: each child runs in its own process group, so one kill reaches a child and
 # everything it forked (qcluster's sentinel, workers, pusher, monitor), and Ctrl-C reaches
@@ -93,10 +95,16 @@ echo "$CREDENTIALS"
 set -m
 pids=()
 
+# A message must never stop the stop: with `make demo | tee`, Ctrl-C ends the tee as well, and a
+# write to its pipe would kill this script (SIGPIPE) before the children it started.
+say() { echo "$@" 2>/dev/null || true; }
+
 stop() {
-    trap - INT TERM EXIT
-    echo
-    echo "stopping the dev server and the cluster..."
+    trap - INT TERM HUP EXIT
+    trap '' PIPE
+    set +m  # no "[2] Terminated" job notices: the children are stopped on purpose
+    say
+    say "stopping the dev server and the cluster..."
     local pid
     # The leaders first: qcluster stops its own workers gracefully on SIGTERM (signalling the
     # whole group at once would kill workers under its sentinel). Then insist on the groups.
@@ -113,23 +121,32 @@ stop() {
         sleep 0.2
     done
     if [ "$alive" -eq 1 ]; then
-        echo "still running after 15s: killing them" >&2
+        say "still running after 15s: killing them" >&2
         for pid in "${pids[@]}"; do
             kill -KILL -- "-$pid" 2>/dev/null || true
         done
     fi
     wait 2>/dev/null || true
     rm -f "$PIDFILE"
-    echo "stopped."
+    say "stopped."
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
+trap 'stop; exit 129' HUP
+trap 'stop; exit 141' PIPE
 trap 'stop' EXIT
 
 "$PY" manage.py qcluster &
 pids+=($!)
 "$PY" manage.py runserver --noreload "$ADDR" &
 pids+=($!)
+
+# When stdout is a pipe, a watcher that exits when its reader has gone (poll() reports POLLERR on
+# a pipe's write end without readers): a demo whose tee died stops rather than run unseen.
+if [ -p /dev/stdout ]; then
+    "$PY" -c 'import select; p = select.poll(); p.register(1, select.POLLERR); p.poll()' &
+    pids+=($!)
+fi
 
 for _ in $(seq 1 100); do
     if "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" \
@@ -154,6 +171,6 @@ $(echo "$CREDENTIALS" | grep -E '^  (admin|auditor) ' || true)
 
 EOF
 
-# Exits when either child exits (then the EXIT trap stops the other one).
+# Exits when any child exits, or the pipe's reader has gone (then the EXIT trap stops the rest).
 wait -n "${pids[@]}" || true
-echo "a demo process exited; shutting down." >&2
+say "a demo process exited, or its output's reader did; shutting down." >&2

@@ -1,8 +1,10 @@
 """The demo's environment and reset, in a copy of this checkout (tracked and new files, as a fresh
 clone would have them): ``make demo-venv`` installs the app, django-q2 and the ``[demo]`` extra
 and none of the dev tools; ``make demo-reset`` starts the demo's data over, and refuses while the
-demo runs on any address; the demo's CRM jobs post to the demo's own address; the README's demo
-walk-through, followed with a real ``make demo``, shows the four race cases it says."""
+demo runs on any address; the demo's CRM jobs post to the demo's own address; the demo's
+walk-through (docs/demo.md), followed with a real ``make demo``, shows the four race cases it
+says; ``make demo | tee`` stops every process it started on Ctrl-C and when its tee goes, and
+shows each password once."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from tests.acceptance.processes import session
 from tests.readme import block, readme_blocks
 
 pytestmark = [pytest.mark.slow, pytest.mark.walkthrough]
@@ -97,7 +100,7 @@ def test_demo__own_venv_without_dev_tools_and_a_reset_that_starts_over(checkout:
     assert "demo reset" in reset.stdout
     manage = [venv_python, "manage.py"]
 
-    # Delete a customer, leave a mail behind, then re-create it with the README's command.
+    # Delete a customer, leave a mail behind, then re-create it with the demo page's command.
     run(
         checkout,
         *manage,
@@ -173,7 +176,8 @@ def running_demo(checkout: Path, addr: str, log: Path) -> Iterator[None]:
             while True:
                 assert proc.poll() is None, f"make demo exited:\n{log.read_text()}"
                 try:
-                    urllib.request.urlopen(f"http://{addr}/admin/login/", timeout=2)
+                    # Closed at once: an open response is a ResourceWarning in a later test.
+                    urllib.request.urlopen(f"http://{addr}/admin/login/", timeout=2).close()
                     break
                 except OSError:
                     assert time.monotonic() < deadline, f"no demo on {addr}:\n{log.read_text()}"
@@ -276,7 +280,7 @@ print("metrics", page.status_code, "linked", 'id="metrics-link"' in dashboard, "
 def test_demo__the_readme_walk_through_shows_the_four_race_cases(
     checkout: Path, tmp_path: Path
 ) -> None:
-    """README "The four race cases", step by step, on a running demo; the delays shortened."""
+    """docs/demo.md's "The four race cases" step by step, on a running demo; delays shortened."""
     demo_venv(checkout)
     run(checkout, "make", "demo-reset", DEMO_ADDR=free_address())
     blocks = readme_blocks()
@@ -297,7 +301,7 @@ def test_demo__the_readme_walk_through_shows_the_four_race_cases(
         run(checkout, "bash", "-c", block(blocks, "demo-recreate", "sh"))
         wait_until(checkout, JOBS, "generation_changed", log)
         listed = run(checkout, "bash", "-c", block(blocks, "demo-jobs", "sh")).stdout
-        # The listing as the README shows it (after Django's "N objects imported" line).
+        # The listing as the demo page shows it (after Django's "N objects imported" line).
         assert listed.endswith(block(blocks, "demo-jobs-done", "text") + "\n"), listed
         # Step 2's claim: the erasure (job 4) ran before the job delayed past the delete (job 2).
         order = "from tombstones.models import Job; e, d = Job.objects.get(pk=4), "
@@ -308,10 +312,66 @@ def test_demo__the_readme_walk_through_shows_the_four_race_cases(
         lines = [line.rstrip() for line in fixture.splitlines()]
         for line in block(blocks, "demo-racefixture-cases", "text").splitlines():
             assert line in lines, fixture
-        # The metrics page the README's demo section names: refused to anonymous requests,
+        # The metrics page the demo page names: refused to anonymous requests,
         # linked from the dashboard for the admin, and counting the demo's live workers.
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://{addr}/tombstones/metrics", timeout=10)
+        refused.value.close()  # the error holds the response's socket
         assert refused.value.code == 401
         shown = shell(checkout, METRICS).splitlines()[-1]
         assert re.fullmatch(r"metrics 200 linked True workers [1-9]\d*", shown), shown
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "tee-gone"])
+def test_demo__piped_to_tee_leaves_no_process_behind_and_shows_each_password_once(
+    checkout: Path, tmp_path: Path, stop: str
+) -> None:
+    """``make demo | tee demo.log`` as issue 38 ran it: Ctrl-C (SIGINT to the whole foreground
+    group, the tee included), or the tee killed alone, leaves nothing of the demo running."""
+    demo_venv(checkout)
+    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+    env.update(DEMO_ADMIN_PASSWORD="x-Test-only-1", DEMO_AUDITOR_PASSWORD="x-Test-only-2")
+    log = tmp_path / "demo.log"
+    log.touch()
+    errors = (tmp_path / "stderr.log").open("wb")
+    # A shell of its own session and process group, as a terminal's would be.
+    proc = subprocess.Popen(
+        ["bash", "-c", f"make demo DEMO_ADDR={free_address()} | tee {log}"],
+        cwd=checkout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=errors,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while "Ctrl-C stops the server" not in log.read_text():
+            assert proc.poll() is None, f"the demo exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"no banner:\n{log.read_text()}"
+            time.sleep(0.2)
+        shown = log.read_text()
+        for password in ("x-Test-only-1", "x-Test-only-2"):
+            assert shown.count(password) == 1, shown
+        started = session(proc.pid)
+        assert any(b"qcluster" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in started)
+
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            tee = [p for p in started if Path(f"/proc/{p}/comm").read_text().strip() == "tee"]
+            assert len(tee) == 1, started
+            os.kill(tee[0], signal.SIGKILL)
+        proc.wait(60)
+        deadline = time.monotonic() + 30
+        while left := session(proc.pid):
+            assert time.monotonic() < deadline, f"still running after {stop}: {left}"
+            time.sleep(0.2)
+    finally:
+        for pid in session(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        errors.close()
+    assert not (checkout / ".demo.pid").exists()

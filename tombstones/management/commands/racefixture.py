@@ -64,4 +64,6 @@ class Command(BaseCommand):
         self.stdout.write(others.table())
         if not (four.ok and others.ok):
             raise CommandError("The race fixture found a mismatch (see the table above).")
-        self.stdout.write(self.style.SUCCESS(four.summary()))
+        # Each table already ends with its summary line: the verdict says something else.
+        count = len(four.results) + len(others.results)
+        self.stdout.write(self.style.SUCCESS(f"The race fixture: all {count} cases as expected."))
