@@ -10,6 +10,8 @@
 #   make test TEST_MARKS="not walkthrough and not browser" PYTEST_ARGS="-x"   ... a part of it
 #   make test TEST_WORKERS=0  in one process
 #   make lint                 ruff check, ruff format --check, mypy
+#   make docs                 the docs site into site/, warnings as errors (its own .venv-docs)
+#   make docs-serve           the docs site on http://127.0.0.1:8008/, rebuilt on every change
 #   make wheel                build dist/*.whl
 #   make soak                 the chaos soak, long form (~1 h on 2 cores; bench/README.md)
 #   make soak SOAK_ARGS=--short                  ... its CI form (under 4 minutes)
@@ -31,6 +33,10 @@ DEMO_VENV ?= .venv-demo
 # Where the demo serves (its CRM jobs post there too); an environment variable works as well.
 DEMO_ADDR ?= 127.0.0.1:8000
 
+# The docs' environment: MkDocs, Material and mkdocstrings only (the [docs] extra).
+DOCS_VENV ?= .venv-docs
+DOCS_ADDR ?= 127.0.0.1:8008
+
 BIN := $(VENV)/bin
 VPY := $(BIN)/python
 STAMP := $(VENV)/.installed
@@ -40,10 +46,10 @@ INSTALL_SPEC := extras=$(EXTRAS) django=$(DJANGO_SPEC)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-venv demo-reset seed test lint format wheel clean FORCE
+.PHONY: help venv demo demo-venv demo-reset seed test lint format wheel clean docs docs-venv docs-serve FORCE
 
 help:
-	@echo "make venv | demo | demo-reset | test | lint | wheel | clean | bench | soak"
+	@echo "make venv | demo | demo-reset | test | lint | docs | docs-serve | wheel | clean | bench | soak"
 	@echo "  variables: VENV=$(VENV) PYTHON=$(PYTHON) DJANGO_SPEC='$(DJANGO_SPEC)' PYTEST_ARGS='$(PYTEST_ARGS)'"
 	@echo "             TEST_WORKERS=$(TEST_WORKERS) TEST_MARKS='$(TEST_MARKS)'"
 
@@ -100,12 +106,26 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# --- docs (mkdocs.yml) ------------------------------------------------------------------------
+
+# A second make run, as for the demo: the venv rules build $(DOCS_VENV) with EXTRAS=docs.
+docs-venv:
+	@$(MAKE) --no-print-directory venv VENV=$(DOCS_VENV) EXTRAS=docs DJANGO_SPEC= PYTHON=$(PYTHON)
+
+# --strict: any warning (a broken link or anchor, a page outside the nav, a docstring griffe
+# cannot read) fails the build. NO_MKDOCS_2_WARNING: Material's banner about its successor.
+docs: docs-venv
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/python -m mkdocs build --strict --site-dir site
+
+docs-serve: docs-venv
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/python -m mkdocs serve --strict --dev-addr $(DOCS_ADDR)
+
 wheel: $(STAMP)
 	rm -rf dist/
 	$(VPY) -m build --wheel --outdir dist/ .
 
 clean:
-	rm -rf dist/ build/ *.egg-info .test-db*.sqlite3*
+	rm -rf dist/ build/ site/ *.egg-info .test-db*.sqlite3*
 
 # --- benchmark (bench/README.md) -------------------------------------------------------------
 #   make bench                                  the full matrix (PostgreSQL+Redis, SQLite+ORM)

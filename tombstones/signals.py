@@ -15,29 +15,33 @@ from .logfields import job_fields
 
 logger = logging.getLogger("tombstones")
 
-# Sent by the records layer inside the transaction that made tombstones, after the UPDATE.
-# sender: the model class. Arguments: pks (list of the records just tombstoned), using (alias).
-# A receiver's writes commit or roll back with the deletion.
 record_tombstoned = Signal()
+"""Records just became tombstones. Sent by the records layer inside the deleting transaction,
+after the UPDATE: a receiver's writes commit or roll back with the deletion. ``sender``: the
+model class; ``pks``: the records tombstoned; ``using``: the database alias."""
 
-# Sent inside the purge's transaction, after the tombstones were hard-deleted.
-# sender: the model class. Arguments: pks (list), using (alias).
 records_purged = Signal()
+"""Tombstones were hard-deleted. Sent inside the purge's transaction, after the DELETE.
+``sender``: the model class; ``pks``; ``using``."""
 
-# Sent after a job is escalated (a stop condition). Arguments: job (the Job row), reason.
 job_escalated = Signal()
+"""A job was escalated: a stop condition an operator must act on. ``job`` (the Job row),
+``reason``."""
 
-# Sent after any job reaches a terminal outcome. Arguments: job, status, reason.
 job_finished = Signal()
+"""A job reached a terminal outcome. ``job``, ``status``, ``reason``."""
 
 # Hook points of the worker (tracing, and crash tests that stop a worker at an exact phase),
 # sent in the worker process through send_hook(): a receiver that raises an Exception is logged
 # and ignored, never a failure of the engine. Receivers must not write to the job.
-# Sent right after the worker took the lease, outside any transaction. Arguments: job.
 job_claimed = Signal()
-# Sent after the check let the job through, right before the handler runs: for an internal job
-# inside the job's savepoint of the act transaction. Arguments: job.
+"""The worker just took the job's lease; sent outside any transaction. ``job``. For tracing: a
+receiver that raises is logged and ignored."""
+
 job_checked = Signal()
+"""The check let the job through and its handler runs next; for an internal job sent inside the
+job's savepoint of the act transaction. ``job``. For tracing: a receiver must not write to the
+job."""
 
 
 def send_hook(signal: Signal, job: Any) -> None:

@@ -1,15 +1,21 @@
-"""README.md's "Your own project, step by step", followed word for word.
+"""The tutorial, then the PostgreSQL and Redis guide, followed word for word.
+
+The text lives in docs/tutorial.md and docs/howto/postgres-redis.md.
 
 A copy of this checkout (its tracked and new files, as a fresh clone has them) sits next to the
-new project as ``../django-tombstone-guard``, and the README's own install line installs it into a
-fresh virtualenv outside the repository; ``django-admin startproject`` and ``startapp`` make the
-project; the README's settings, model, handler and admin blocks are pasted
-where it says; its shell commands run as they are, with a real ``qcluster``. The blocks are read
-from README.md by their ``<!-- readme-test: NAME -->`` markers (tests/readme.py), so a README
-change that breaks the steps breaks this test.
+new project as ``../django-tombstone-guard``, and the tutorial's own install line installs it and
+watchfiles into a fresh virtualenv outside the repository; ``django-admin startproject`` and
+``startapp`` make the project; the tutorial's settings, model, handler and admin blocks are pasted
+where it says; its shell commands run as they are, with a real cluster started as its step 7 says
+(``qcluster`` under ``watchfiles``). Then the guide moves the same project to PostgreSQL and the
+Redis broker, and the tutorial's job succeeds there. The blocks are read from README.md and
+docs/ by their ``<!-- readme-test: NAME -->`` markers (tests/readme.py), so a change to the text
+that breaks the steps breaks this test.
 
-The project is SQLite whatever the suite's database, so it runs with the SQLite suites (in CI:
-Django 5.2 on Python 3.11 and Django 6 on Python 3.12, as pip picks for the interpreter).
+The tutorial's project is SQLite whatever the suite's database, so it runs with the SQLite suites
+(in CI: Django 5.2 on Python 3.11 and Django 6 on Python 3.12, as pip picks for the interpreter);
+the guide's part needs the PostgreSQL and the Redis on 127.0.0.1 the suites use, and is skipped
+without them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,9 +40,15 @@ from tests.readme import block, readme_blocks
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.walkthrough]
 
 ROOT = Path(settings.BASE_DIR)
-CHECKOUT = "django-tombstone-guard"  # the README's name for the checkout, next to the project
+CHECKOUT = "django-tombstone-guard"  # the tutorial's name for the checkout, next to the project
 PACKAGE = f"pip install ../{CHECKOUT}"
+INSTALL = f"{PACKAGE} watchfiles"  # the tutorial's first line: the package and the reloader
 REDIS_PACKAGE = f'pip install "../{CHECKOUT}[redis]"'
+POSTGRES_PACKAGE = f'pip install "../{CHECKOUT}[postgres,redis]" django-environ'
+# The guide's PostgreSQL: this server (the suites' own, or DATABASE_URL's when it is PostgreSQL);
+# the test creates a database of its own there, as the guide's `createdb mysite` does.
+POSTGRES_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
+REDIS = ("127.0.0.1", 6379)  # the guide's redis://127.0.0.1:6379/0
 # Variables of this test run that must not leak into the new project.
 PRIVATE_ENV = (
     "DJANGO_SETTINGS_MODULE",
@@ -48,7 +61,7 @@ PRIVATE_ENV = (
     "Q_WORKERS",
     "Q_SYNC",
 )
-# Outside tests: what the test checks beyond the README's own output (run with manage.py shell).
+# Outside tests: what the test checks beyond the tutorial's own output (run with manage.py shell).
 TOMBSTONE_STATE = """
 from customers.models import Customer
 c = Customer.all_objects.get(reference="C-1")
@@ -73,6 +86,29 @@ done = client.post(url, {"post": "yes"})
 customer = Customer.all_objects.get(pk=customer.pk)
 print("deleted", done.status_code, customer.deleted_at is not None, SheetRow.objects.count())
 """
+
+
+# Outside the guide: create and drop the test's own database (psycopg, from the guide's extra).
+CREATE_DB = """
+import sys, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    conn.execute(f"DROP DATABASE IF EXISTS {sys.argv[2]}")
+    if sys.argv[3] == "create":
+        conn.execute(f"CREATE DATABASE {sys.argv[2]}")
+"""
+
+
+WHERE = """
+from django.db import connection
+from django_q.brokers import get_broker
+print(connection.vendor, type(get_broker()).__name__)
+"""
+
+
+def reachable(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2):
+        return True
+    return False
 
 
 def copy_checkout(to: Path) -> None:
@@ -145,7 +181,7 @@ class Site:
             try:
                 yield proc
             finally:
-                # Ctrl-C, as the README says: SIGINT to the whole foreground group. (SIGTERM to
+                # Ctrl-C, as the tutorial says: SIGINT to the whole foreground group. (SIGTERM to
                 # the group, or to the sentinel and its parent, can leave qcluster hanging.)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGINT)
@@ -173,14 +209,14 @@ def test_readme__a_new_project_runs_a_job_then_rejects_one_for_a_deleted_custome
     tmp_path: Path,
 ) -> None:
     if connection.vendor != "sqlite":
-        pytest.skip("the README's project runs on SQLite: the SQLite suites run this test")
+        pytest.skip("the tutorial's project runs on SQLite: the SQLite suites run this test")
     blocks = readme_blocks()
     site = Site(tmp_path)
     copy_checkout(tmp_path / CHECKOUT)
 
-    # 1. The README's install line, as it is: the checkout next to the project.
+    # 1. The tutorial's install line, as it is: the checkout next to the project, and watchfiles.
     install = block(blocks, "install", "sh")
-    assert install.startswith(f"{PACKAGE}\n"), install
+    assert install.startswith(f"{INSTALL}\n"), install
     site.sh(install)
     assert "django-tombstone-guard" in site.sh("pip list --format=freeze").stdout
 
@@ -204,22 +240,26 @@ def test_readme__a_new_project_runs_a_job_then_rejects_one_for_a_deleted_custome
     migrated = site.sh(block(blocks, "migrate", "sh"))
     assert "System check identified no issues (0 silenced)." in migrated.stdout
 
-    # 7-9. A real cluster: the job succeeds; after the delete, the stale instance's job is rejected.
+    # 7-9. A real cluster, under watchfiles: the job succeeds; after the delete, the stale
+    # instance's job is rejected.
     jobs = block(blocks, "jobs", "sh")
     log = tmp_path / "qcluster.log"
-    with site.background(block(blocks, "qcluster", "sh"), log):
+    qcluster = block(blocks, "qcluster", "sh")
+    assert qcluster.startswith("watchfiles "), qcluster
+    with site.background(qcluster, log):
         site.sh(block(blocks, "enqueue", "sh"))
         wait_for_line(site, jobs, block(blocks, "jobs-succeeded", "text"), log)
         site.sh(block(blocks, "delete", "sh"))
         wait_for_line(site, jobs, block(blocks, "jobs-rejected", "text"), log)
 
-        # What the README says about the tombstone, and its admin claim.
+        # What the tutorial says about the tombstone, and its admin claim.
         assert "tombstone True '' '' 1 3" in site.shell(TOMBSTONE_STATE).splitlines()
         admin = site.shell(ADMIN_DELETE).splitlines()
         assert "confirm 200 False" in admin
         assert "deleted 302 True 2" in admin
 
-    # 10. The Redis variant: check names the missing package, the extra brings it.
+    # The guide, workers stopped (the block above ended them with Ctrl-C, as its step 1 says).
+    # Its Redis-only variant first, on SQLite: check names the missing package, the extra brings it.
     settings_py.write_text(
         settings_py.read_text() + "\n" + block(blocks, "redis-settings", "python") + "\n"
     )
@@ -230,3 +270,32 @@ def test_readme__a_new_project_runs_a_job_then_rejects_one_for_a_deleted_custome
     assert redis_install == REDIS_PACKAGE, redis_install
     site.sh(redis_install)
     assert "System check identified no issues" in site.sh("python manage.py check").stdout
+
+    # The guide's PostgreSQL: the extras and django-environ, a database, DATABASE_URL, its settings.
+    if not (reachable("127.0.0.1", 5432) and reachable(*REDIS)):
+        pytest.skip("the guide's part needs PostgreSQL and Redis on 127.0.0.1")
+    postgres_install = block(blocks, "postgres-install", "sh")
+    assert postgres_install == POSTGRES_PACKAGE, postgres_install
+    site.sh(postgres_install)
+    server = os.environ.get("DATABASE_URL", "")
+    server = server if server.startswith("postgres") else POSTGRES_SERVER
+    name = f"readme_test_{os.getpid()}"
+    python = str(site.venv / "bin" / "python")
+    subprocess.run([python, "-c", CREATE_DB, server, name, "create"], check=True, timeout=60)
+    try:
+        site.env["DATABASE_URL"] = f"{server.rsplit('/', 1)[0]}/{name}"
+        settings_py.write_text(
+            settings_py.read_text() + "\n" + block(blocks, "postgres-settings", "python") + "\n"
+        )
+        where = site.shell(WHERE).strip().splitlines()[-1]
+        assert where == "postgresql Redis", where
+        migrated = site.sh(block(blocks, "postgres-migrate", "sh"))
+        assert "System check identified no issues (0 silenced)." in migrated.stdout
+
+        # The tutorial's steps 7-8 again: the job succeeds, on PostgreSQL, woken through Redis.
+        log = tmp_path / "qcluster-postgres.log"
+        with site.background(qcluster, log):
+            site.sh(block(blocks, "enqueue", "sh"))
+            wait_for_line(site, jobs, block(blocks, "jobs-succeeded", "text"), log)
+    finally:
+        subprocess.run([python, "-c", CREATE_DB, server, name, "drop"], check=False, timeout=60)

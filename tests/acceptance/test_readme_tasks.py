@@ -1,14 +1,18 @@
-"""README.md's "With Django's tasks framework", followed word for word.
+"""The guide to Django's tasks framework (docs/howto/django-tasks.md), followed word for word,
+in its order, with the tutorial's cluster running.
 
-As tests/acceptance/test_readme.py (whose virtualenv and shell it reuses), through the README's
-other install line: the wheel built from this checkout, in a fresh virtualenv; ``startproject``,
-the step-by-step section's blocks up to step 9 (the section starts from there), then this
-section's blocks: ``TASKS`` in the settings, the task module, and its shell commands with a real
-``qcluster``. Their printed output must be what the README shows.
+As tests/acceptance/test_readme.py (whose virtualenv and shell it reuses), through the tutorial's
+other install line: the wheel built from this checkout (and watchfiles), in a fresh virtualenv;
+``startproject``, the tutorial's blocks up to its step 9 with the cluster started as its step 7
+says (``qcluster`` under ``watchfiles``), then, with that cluster still running as a reader's
+would be, the guide's blocks: ``TASKS`` added to the settings, the task module written, and its
+shell commands. The cluster must restart by itself on each change (the log shows it) and the
+jobs must then succeed; a cluster that kept its old code would leave them ``retry_wait`` /
+``handler_unknown``. Their printed output must be what the guide shows.
 
 The virtualenv gets the Django pip picks for the suite's Python: Django 6 on Python 3.12+ (CI's
-Django 6 suite), where the section runs as written; Django 5.2 on Python 3.11 (CI's Django 5.2
-suite), where the section's own Django 5.2 steps are followed too: the ``tasks`` extra, the
+Django 6 suite), where the guide runs as written; Django 5.2 on Python 3.11 (CI's Django 5.2
+suite), where the guide's own Django 5.2 steps are followed too: the ``tasks`` extra, the
 ``django_tasks`` app, and ``from django_tasks import task`` in place of ``django.tasks``.
 """
 
@@ -25,6 +29,7 @@ import pytest
 
 from tests.acceptance.test_readme import (  # the same virtualenv and shell
     CHECKOUT,
+    INSTALL,
     PACKAGE,
     ROOT,
     Site,
@@ -37,11 +42,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.walkthrough, py
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's other install: the wheel built from this checkout (``make wheel``)."""
+    """The tutorial's other install: the wheel built from this checkout (``make wheel``)."""
     from django.db import connection
 
     if connection.vendor != "sqlite":
-        pytest.skip("the README's project runs on SQLite: the SQLite suites run this test")
+        pytest.skip("the tutorial's project runs on SQLite: the SQLite suites run this test")
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)],
@@ -55,9 +60,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 TASKS_EXTRA = f'pip install "../{CHECKOUT}[tasks]"'
 DJANGO_TASK_IMPORT = "from django.tasks import task"
-# Outside the README's text: what the test checks beyond its printed output (manage.py shell).
+# Outside the guide's text: what the test checks beyond its printed output (manage.py shell).
 DJANGO_MAJOR = "python -c 'import django; print(django.VERSION[0])'"
-# Django 6's shell first says what it imported by itself, then a blank line: not the README's.
+# Django 6's shell first says what it imported by itself, then a blank line: not the guide's.
 AUTO_IMPORTS = re.compile(r"\A\d+ objects? imported automatically \(.*\)\.\n\n")
 AFTER_SUCCESS = """
 from customers.models import Customer, SheetRow
@@ -120,8 +125,27 @@ except TypeError as exc:
 """
 
 
+# A cluster's line once it has started (django-q2: "Q Cluster NAME [mysite] running.").
+CLUSTER_RUNNING = re.compile(r"Q Cluster .* running\.$", re.MULTILINE)
+
+
+def clusters_started(log: Path) -> int:
+    return len(CLUSTER_RUNNING.findall(log.read_text()))
+
+
+def wait_for_restart(log: Path, started: int, timeout: float = 60) -> int:
+    """Wait, bounded, until the cluster has started again since ``started`` starts were logged."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = clusters_started(log)
+        if now > started:
+            return now
+        time.sleep(0.2)
+    pytest.fail(f"the cluster did not restart after the change; qcluster:\n{log.read_text()}")
+
+
 def printed(out: str) -> str:
-    """What a README command printed itself."""
+    """What a command of the text printed itself."""
     return AUTO_IMPORTS.sub("", out, count=1)
 
 
@@ -137,57 +161,65 @@ def wait_for_output(site: Site, script: str, expected: str, log: Path, timeout: 
     pytest.fail(f"never printed:\n{expected}\nlast output:\n{seen}\nqcluster:\n{log.read_text()}")
 
 
-def test_readme_tasks__a_django_task_runs_then_is_rejected_for_a_deleted_customer(
+def test_readme_tasks__with_the_cluster_running_a_task_runs_then_is_rejected_for_a_deleted_one(
     wheel: Path,
     tmp_path: Path,
 ) -> None:
     blocks = readme_blocks()
     site = Site(tmp_path)
 
-    # Step 1 of the walk-through, by its other install line: the wheel of this checkout.
+    # The tutorial's step 1, by its other install line: the wheel of this checkout, watchfiles.
     install = block(blocks, "install", "sh")
-    assert install.startswith(f"{PACKAGE}\n"), install
+    assert install.startswith(f"{INSTALL}\n"), install
     site.sh(install.replace(PACKAGE, f"pip install {wheel}", 1))
     major = int(site.sh(DJANGO_MAJOR).stdout)
 
+    # The tutorial's steps 2-6.
     settings_py = site.dir / "mysite" / "settings.py"
-    settings = [
-        settings_py.read_text(),
-        block(blocks, "settings", "python"),
-        block(blocks, "tasks-settings", "python"),
-    ]
-    module = "\n\n\n".join(
-        block(blocks, name, "python") for name in ("tasks-module", "tasks-more", "tasks-plain")
+    settings_py.write_text(
+        settings_py.read_text() + "\n" + block(blocks, "settings", "python") + "\n"
     )
-    assert DJANGO_TASK_IMPORT in module.splitlines()
-    if major < 6:
-        # The section's Django 5.2 steps: the extra, the backport's app, its import.
-        extra = block(blocks, "tasks-backport-install", "sh")
-        assert extra == TASKS_EXTRA, extra
-        site.sh(f'pip install "{wheel}[tasks]"')
-        settings.append(block(blocks, "tasks-backport-settings", "python"))
-        backport = block(blocks, "tasks-backport-import", "python")
-        module = module.replace(DJANGO_TASK_IMPORT, backport, 1)
-    settings_py.write_text("\n".join(settings) + "\n")
     app = site.dir / "customers"
     (app / "models.py").write_text(block(blocks, "models", "python") + "\n")
     (app / "handlers.py").write_text(block(blocks, "handlers", "python") + "\n")
     (app / "admin.py").write_text(block(blocks, "admin", "python") + "\n")
-    (app / "tasks.py").write_text(module + "\n")
-
     migrated = site.sh(block(blocks, "migrate", "sh"))
     assert "System check identified no issues (0 silenced)." in migrated.stdout
 
     jobs = block(blocks, "jobs", "sh")
     log = tmp_path / "qcluster.log"
+    # The tutorial's step 7: the cluster starts here and runs to the end of the guide.
     with site.background(block(blocks, "qcluster", "sh"), log):
-        # Steps 8-9, where the section starts.
+        # The tutorial's steps 8-9, where the guide starts.
         site.sh(block(blocks, "enqueue", "sh"))
         wait_for_line(site, jobs, block(blocks, "jobs-succeeded", "text"), log)
         site.sh(block(blocks, "delete", "sh"))
         wait_for_line(site, jobs, block(blocks, "jobs-rejected", "text"), log)
+        started = clusters_started(log)
+        assert started == 1, log.read_text()  # no restart so far: nothing changed
 
-        # 3. Enqueue: the job's id, READY, the record as its snapshot; then SUCCESSFUL.
+        # 1. TASKS in the settings (on Django 5.2 first the backport: its extra and its app).
+        added = [block(blocks, "tasks-settings", "python")]
+        if major < 6:
+            extra = block(blocks, "tasks-backport-install", "sh")
+            assert extra == TASKS_EXTRA, extra
+            site.sh(f'pip install "{wheel}[tasks]"')
+            added.append(block(blocks, "tasks-backport-settings", "python"))
+        settings_py.write_text(settings_py.read_text() + "\n" + "\n".join(added) + "\n")
+        started = wait_for_restart(log, started)
+
+        # 2. The task module (on Django 5.2 with the backport's import).
+        module = block(blocks, "tasks-module", "python")
+        assert DJANGO_TASK_IMPORT in module.splitlines()
+        if major < 6:
+            backport = block(blocks, "tasks-backport-import", "python")
+            module = module.replace(DJANGO_TASK_IMPORT, backport, 1)
+        tasks_py = app / "tasks.py"
+        tasks_py.write_text(module + "\n")
+
+        # 3. The workers restart by themselves; then enqueue: the job's id, READY, the record as
+        # its snapshot; then SUCCESSFUL at its first attempt.
+        started = wait_for_restart(log, started)
         enqueued = printed(site.sh(block(blocks, "tasks-enqueue", "sh")).stdout)
         assert enqueued == block(blocks, "tasks-enqueued", "text") + "\n", enqueued
         wait_for_output(
@@ -211,7 +243,12 @@ def test_readme_tasks__a_django_task_runs_then_is_rejected_for_a_deleted_custome
         # The task's update moved the customer to version 2, the delete to 3; nothing else.
         assert "tombstone True '' '' 1 3" in site.shell(TOMBSTONE_STATE).splitlines()
 
-        # 5. The fenced task of two records runs in its fence's lane; without a fence, refused.
+        # 5. Added to the module, the workers restart: the fenced task of two records runs in
+        # its fence's lane; without a fence, refused.
+        tasks_py.write_text(
+            tasks_py.read_text() + "\n\n" + block(blocks, "tasks-more", "python") + "\n"
+        )
+        started = wait_for_restart(log, started)
         adopt = printed(site.shell(ADOPT)).split()
         assert adopt[:3] == ["5", "['3',", "'4']"], adopt
         row = adopt[3]
@@ -227,7 +264,12 @@ def test_readme_tasks__a_django_task_runs_then_is_rejected_for_a_deleted_custome
         assert refused.startswith("UnfencedTask Task customers.tasks.refresh_sheet_row was ")
         assert "several records" in refused, refused
 
-        # 6. A plain task: no record, a lane of its own; its pk mistake refused.
+        # 6. A plain task, added; once the workers have restarted: no record, a lane of its own;
+        # its pk mistake refused.
+        tasks_py.write_text(
+            tasks_py.read_text() + "\n\n" + block(blocks, "tasks-plain", "python") + "\n"
+        )
+        started = wait_for_restart(log, started)
         plain = printed(site.sh(block(blocks, "tasks-plain-run", "sh")).stdout)
         assert plain == block(blocks, "tasks-plain-enqueued", "text") + "\n", plain
         wait_for_output(
