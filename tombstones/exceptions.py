@@ -147,6 +147,11 @@ class JobCancelled(TombstoneError):
     """Staff cancelled the job before it ran."""
 
 
+class JobSuperseded(TombstoneError):
+    """A newer job of the same coalescing handler (or task) for the same record was queued
+    before this one started: it never ran (``superseded`` / ``coalesced``)."""
+
+
 class OutcomeUncertain(TombstoneError):
     """An external call may or may not have landed: it is never repeated by itself."""
 

@@ -11,7 +11,7 @@ from typing import Any
 from django.contrib.contenttypes.models import ContentType
 from django.db import connections, models, router, transaction
 
-from . import queues
+from . import ledger, queues
 from .ledger import insert_job, insert_jobs
 from .models import PLAIN_LANE_PREFIX, Job
 from .queues import DEFAULT
@@ -54,20 +54,23 @@ def enqueue(
     check_priority(priority)
     lane = check_lane(queue, ordering_key or default_lane(record))
     db = using or router.db_for_write(Job)
-    job = insert_job(
-        db,
-        handler=found.name,
-        content_type=ContentType.objects.db_manager(db).get_for_model(record),
-        object_id=str(pk),
-        generation=generation,
-        version=version,
-        lane=lane,
-        params=clean,
-        external=found.external,
-        run_after=run_after,
-        priority=priority,
-        queue=queue,
-    )
+    fields: dict[str, Any] = {
+        "handler": found.name,
+        "content_type": ContentType.objects.db_manager(db).get_for_model(record),
+        "object_id": str(pk),
+        "generation": generation,
+        "version": version,
+        "lane": lane,
+        "params": clean,
+        "external": found.external,
+        "priority": priority,
+        "queue": queue,
+    }
+    if found.coalescing is None:
+        job = insert_job(db, run_after=run_after, **fields)
+    else:
+        fields["coalesce_key"] = found.coalescing.key_for(clean)  # refused before any SQL
+        job = ledger.coalesce.insert_newest(db, found.coalescing, run_after=run_after, **fields)
     wake_after_commit(db, job.pk, queue)
     return job
 
@@ -180,6 +183,23 @@ def enqueue_many(
     if not found:
         return []
     db = using or router.db_for_write(Job)
+    if found[0][1].handler.coalescing is not None:
+        # Each job supersedes the ones before it, those of this call included: one at a time.
+        with transaction.atomic(using=db, savepoint=False):
+            jobs = [
+                enqueue(
+                    handler,
+                    record,
+                    params=params,
+                    ordering_key=ordering_key,
+                    run_after=run_after,
+                    using=db,
+                    priority=priority,
+                    queue=queue,
+                )
+                for record, _, _ in found
+            ]
+        return jobs
     types = ContentType.objects.db_manager(db)
     rows = [
         {

@@ -231,6 +231,11 @@ class Job(models.Model):
     traceparent = models.CharField(
         max_length=55, blank=True, default="", db_default="", editable=False
     )
+    # A coalescing handler's job (tombstones.jobs.coalescing): its key (None: the handler does
+    # not coalesce), and when its debounce window opened (carried by each job that supersedes
+    # an earlier one, so that max_delay counts from the window's first job).
+    coalesce_key = models.CharField(max_length=200, null=True, blank=True, editable=False)
+    window_started_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -300,6 +305,12 @@ class Job(models.Model):
                 "id",
                 name="tombstones_job_priority",
                 condition=models.Q(priority__gt=0, status__in=["queued", "retry_wait"]),
+            ),
+            # A leading edge's look for its window's last job (debounced jobs only).
+            models.Index(
+                fields=["lane", "handler", "window_started_at"],
+                name="tombstones_job_window",
+                condition=models.Q(window_started_at__isnull=False),
             ),
             # The paused jobs the sweep resumes: a few rows (it scanned the table for them).
             models.Index(
@@ -546,11 +557,17 @@ class WorkerBeat(models.Model):
 
 class RejectionManager(models.Manager["Rejection"]):
     def get_queryset(self) -> models.QuerySet[Rejection]:
-        return super().get_queryset().filter(event=JobEvent.Event.REJECTED)
+        return super().get_queryset().filter(event__in=REJECTION_EVENTS)
+
+
+# The jobs that never acted: rejected by their record's state, or superseded by a newer job of
+# their lane (coalesced before they started, or an uncertain call a later one overtook).
+REJECTION_EVENTS = (JobEvent.Event.REJECTED, JobEvent.Event.SUPERSEDED)
 
 
 class Rejection(JobEvent):
-    """The rejection log: the ``rejected`` events only (a proxy, for its own admin entry)."""
+    """The rejection log: the ``rejected`` and ``superseded`` events (a proxy, for its own admin
+    entry)."""
 
     objects = RejectionManager()  # type: ignore[misc]  # narrows JobEvent's default manager
 

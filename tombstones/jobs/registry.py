@@ -9,11 +9,13 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import UnknownHandler
+from .coalescing import Coalescing, KeyFunc, declare
 
 if TYPE_CHECKING:
     from .context import HandlerContext
@@ -30,6 +32,8 @@ class Handler:
     # Runs jobs for no record too (a task's handler: its plain calls). A plain job of any other
     # handler is escalated (missing_fence): it was written without the record it needs.
     plain: bool = False
+    # Only the newest queued job of a record (and key) runs (:mod:`.coalescing`); None: all do.
+    coalescing: Coalescing | None = None
 
 
 _registry: dict[str, Handler] = {}
@@ -61,7 +65,15 @@ def check_name(name: object) -> None:
 
 
 def handler(
-    name: str, *, external: bool = False, accepts_tombstones: bool = False, plain: bool = False
+    name: str,
+    *,
+    external: bool = False,
+    accepts_tombstones: bool = False,
+    plain: bool = False,
+    coalesce: bool | KeyFunc = False,
+    debounce: timedelta | None = None,
+    max_delay: timedelta | None = None,
+    edge: str = "trailing",
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register ``func`` as the job handler called ``name``.
 
@@ -77,8 +89,14 @@ def handler(
 
     ``plain=True`` lets it run plain jobs too, for no record (``enqueue_plain``): its context's
     ``record`` is then None, and ``update`` / ``write`` raise NoRecord.
+
+    ``coalesce=True`` (or a function of the params returning a key): a new job for a record
+    supersedes the handler's earlier jobs for it (and the key) that have not started.
+    ``debounce`` and ``max_delay`` (timedeltas) make each job wait for newer ones; ``edge``
+    ``"trailing"`` (the default) or ``"leading"``. See :mod:`tombstones.jobs.coalescing`.
     """
     check_name(name)
+    coalescing = declare(name, coalesce, debounce, max_delay, edge, plain=plain)
 
     def register(func: HandlerFunc) -> HandlerFunc:
         wanted = Handler(
@@ -87,6 +105,7 @@ def handler(
             external=external,
             accepts_tombstones=accepts_tombstones,
             plain=plain,
+            coalescing=coalescing,
         )
         existing = _registry.get(name)
         if existing is None:
@@ -101,9 +120,10 @@ def handler(
             # Flipping external or accepts_tombstones changes how queued jobs are run.
             raise ImproperlyConfigured(
                 f"The job handler {name!r} is registered again with different options "
-                f"(external={external}, accepts_tombstones={accepts_tombstones}, plain={plain}; "
-                f"first external={existing.external}, "
-                f"accepts_tombstones={existing.accepts_tombstones}, plain={existing.plain})."
+                f"(external={external}, accepts_tombstones={accepts_tombstones}, plain={plain}, "
+                f"coalescing={coalescing}; first external={existing.external}, "
+                f"accepts_tombstones={existing.accepts_tombstones}, plain={existing.plain}, "
+                f"coalescing={existing.coalescing})."
             )
         return func
 

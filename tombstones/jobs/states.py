@@ -17,8 +17,9 @@ class Status(models.TextChoices):
     RETRY_WAIT = "retry_wait"  # temporary failure before any write; retried with backoff
     PAUSED = "paused"  # the record could not be read: state unknown, resumed later
     UNCERTAIN = "uncertain"  # an external call may or may not have landed: staff decide
-    # An uncertain external call overtaken by a later job of its lane, which sends the
-    # record's newer state: never repeated, nothing for staff to decide.
+    # Never repeated, never run: an uncertain external call overtaken by a later job of its
+    # lane, which sends the record's newer state; or a coalescing handler's job that a newer
+    # one for its record replaced before it started (reason coalesced).
     SUPERSEDED = "superseded"
     ESCALATED = "escalated"  # a stop condition: an operator acts
     EXPIRED = "expired"  # waited longer than TOMBSTONES_JOB_MAX_AGE
@@ -49,6 +50,8 @@ class Reason(models.TextChoices):
     LEASE_EXPIRED = "lease_expired"  # the worker vanished; returned to the queue
     CRASHED = "crashed"  # its claim ended without an outcome (the worker died or exited)
     CANCELLED_BY_STAFF = "cancelled_by_staff"  # cancelled in the admin
+    # A newer job of its record, handler and coalescing key was queued before it started.
+    COALESCED = "coalesced"
 
 
 # Not finished yet: the job still has a place in its lane (see tombstones.jobs.queries).
@@ -94,7 +97,7 @@ class Event(models.TextChoices):
     RETRY = "retry"
     PAUSED = "paused"
     UNCERTAIN = "uncertain"
-    SUPERSEDED = "superseded"  # an uncertain call overtaken by a later job of its lane
+    SUPERSEDED = "superseded"  # overtaken by a later job of its lane (uncertain, coalesced)
     ESCALATED = "escalated"
     EXPIRED = "expired"
     FAILED = "failed"

@@ -97,6 +97,11 @@ def check_plain_enqueue(
             f"Handler {handler!r} acts on a record: enqueue its jobs with enqueue(handler, "
             "record); only a handler registered with plain=True (a task's is) runs for none."
         )
+    if found.coalescing is not None:
+        raise MissingFence(
+            f"Handler {handler!r} coalesces its jobs per record: a call for no record has none "
+            "to coalesce on."
+        )
     if run_after is not None:
         check_run_after(run_after)
     return found, check_params(params, None, plain=True)

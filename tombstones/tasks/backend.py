@@ -78,6 +78,7 @@ class TombstoneBackend(BaseTaskBackend):
             )
         try:
             registry.check_name(task.handler_name)
+            task.coalescing()
         except ImproperlyConfigured as exc:
             raise InvalidTask(f"Task {path}: {exc}") from exc
         params = task.parameters()

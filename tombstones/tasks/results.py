@@ -40,6 +40,7 @@ ERROR_CLASSES: dict[str, str] = {
     Reason.QUEUE_EXPIRED: _EXC + "JobExpired",
     Reason.OUTCOME_UNKNOWN: _EXC + "OutcomeUncertain",
     Reason.CANCELLED_BY_STAFF: _EXC + "JobCancelled",
+    Reason.COALESCED: _EXC + "JobSuperseded",
 }
 # ... and for each status, when its reason names none.
 STATUS_ERROR_CLASSES: dict[str, str] = {
@@ -62,7 +63,8 @@ def errors_of(job: Job) -> list[TaskError]:
     if status_of(job) != TaskResultStatus.FAILED:
         return []
     # An uncertain end is uncertain whatever its reason (deleted_during_send: sent all the same).
-    cls = STATUS_ERROR_CLASSES.get(job.status)
+    # (A coalesced job is superseded without being uncertain: its reason says so.)
+    cls = None if job.reason == Reason.COALESCED else STATUS_ERROR_CLASSES.get(job.status)
     if cls is None and job.reason in RAISED:
         cls = _importable(job.error_class)
     cls = cls or ERROR_CLASSES.get(job.reason)

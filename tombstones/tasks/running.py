@@ -23,7 +23,9 @@ _made: dict[str, tuple[Any, bool, bool, Handler]] = {}
 def handler_for(task: TombstoneTask) -> Handler:
     name = task.handler_name
     known = _made.get(name)
-    if known is not None and known[:3] == (task.func, task.takes_context, task.external):
+    coalescing = task.coalescing()
+    same = (task.func, task.takes_context, task.external)
+    if known is not None and known[:3] == same and known[3].coalescing == coalescing:
         return known[3]
 
     def run_task(ctx: HandlerContext) -> None:
@@ -52,7 +54,9 @@ def handler_for(task: TombstoneTask) -> Handler:
             keep_return_value(ctx, task, value, [*args, *kwargs.values()])
 
     # plain: a call that passes no record is a plain job (tasks.arguments).
-    made = Handler(name=name, func=run_task, external=task.external, plain=True)
+    made = Handler(
+        name=name, func=run_task, external=task.external, plain=True, coalescing=coalescing
+    )
     _made[name] = (task.func, task.takes_context, task.external, made)
     return made
 

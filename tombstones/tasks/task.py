@@ -5,8 +5,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..jobs.coalescing import Coalescing, KeyFunc, declare
 from ..jobs.registry import TASK_PREFIX
 from .compat import (
     DEFAULT_TASK_BACKEND_ALIAS,
@@ -33,6 +35,17 @@ class TombstoneTask(Task):
 
     fence: str | None = None
     external: bool = False
+    # Coalescing per record (tombstones.jobs.coalescing): as @tombstones.handler's options.
+    coalesce: bool | KeyFunc = False
+    debounce: timedelta | None = None
+    max_delay: timedelta | None = None
+    edge: str = "trailing"
+
+    def coalescing(self) -> Coalescing | None:
+        """The coalescing options, checked (ImproperlyConfigured for what cannot work)."""
+        return declare(
+            self.module_path, self.coalesce, self.debounce, self.max_delay, self.edge, plain=False
+        )
 
     @property
     def handler_name(self) -> str:
@@ -56,12 +69,18 @@ def fenced_task(
     *,
     fence: str | None = None,
     external: bool = False,
+    coalesce: bool | KeyFunc = False,
+    debounce: timedelta | None = None,
+    max_delay: timedelta | None = None,
+    edge: str = "trailing",
     priority: int = DEFAULT_TASK_PRIORITY,
     queue_name: str = DEFAULT_TASK_QUEUE_NAME,
     backend: str = DEFAULT_TASK_BACKEND_ALIAS,
     takes_context: bool = False,
 ) -> Any:
-    """``@task`` with ``fence`` and ``external`` on every Django version.
+    """``@task`` with ``fence``, ``external`` and the coalescing options (``coalesce``,
+    ``debounce``, ``max_delay``, ``edge``: :mod:`tombstones.jobs.coalescing`) on every Django
+    version.
 
     Django 6.1's ``@task`` passes these keywords to the backend's task class itself; Django 6.0's
     does not, so there write ``@fenced_task(fence="customer")``. The task is the same.
@@ -82,6 +101,10 @@ def fenced_task(
             run_after=None,  # Django 6.0's Task has no default for it
             fence=fence,
             external=external,
+            coalesce=coalesce,
+            debounce=debounce,
+            max_delay=max_delay,
+            edge=edge,
         )
 
     return wrapper(function) if function is not None else wrapper

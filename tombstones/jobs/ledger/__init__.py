@@ -2,7 +2,7 @@
 external calls, enqueue's insert, params). A face: callers write ``ledger.claim(...)``.
 """
 
-from . import rollup
+from . import coalesce, rollup
 from .claims import Claim, claim, give_back, holds_any, renew, worker_id
 from .insert import insert_job, insert_jobs
 from .outcomes import (
@@ -24,6 +24,7 @@ __all__ = [
     "Outcome",
     "claim",
     "clear_sending",
+    "coalesce",
     "erase_params",
     "event_row",
     "give_back",

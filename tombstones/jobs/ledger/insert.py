@@ -36,12 +36,18 @@ def insert_job(
     run_after: datetime | None = None,
     priority: int = 0,
     queue: str = "default",
+    coalesce_key: str | None = None,
+    window_started_at: Any = None,
+    due: Any = None,
 ) -> Job:
     """Insert a queued job (in the caller's transaction if there is one, so a rolled-back request
     leaves no job); see :meth:`.models.Job.enqueued_event`.
 
     Its lane's row is held from before the INSERT until the commit (:mod:`.lanes`), so that
     its place (the INSERT's time) is behind every job of the lane a claim may have taken.
+
+    ``due``: an expression of the database's clock for when it is due (a debounced job,
+    :mod:`.coalesce`), placed as a delayed job is; ``window_started_at`` likewise.
     """
     fields: dict[str, Any] = {
         "handler": handler,
@@ -56,21 +62,28 @@ def insert_job(
         "queue": queue,
         "traceparent": tracing.traceparent(),
     }
-    if run_after is not None:
+    if coalesce_key is not None:
+        fields["coalesce_key"] = coalesce_key
+        fields["window_started_at"] = window_started_at
+    if due is not None:
+        fields["run_after"] = fields["queued_at"] = fields["ready_at"] = Greatest(due, Now())
+    elif run_after is not None:
         # A delayed job takes its place in its lane when it is due; never before now, so that it
         # cannot overtake the jobs queued before it.
-        due = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
-        fields["run_after"] = fields["queued_at"] = fields["ready_at"] = due
+        placed = Greatest(Value(run_after, output_field=models.DateTimeField()), Now())
+        fields["run_after"] = fields["queued_at"] = fields["ready_at"] = placed
     if not lanes.guarded(db) or lane.startswith(PLAIN_LANE_PREFIX):
         # A plain job's lane is its own: no other enqueue can be placed before or after it.
         job = Job.objects.using(db).create(**fields)
-    elif run_after is None and lanes.known(db, lane):
+    elif run_after is None and coalesce_key is None and lanes.known(db, lane):
         job = _insert_in_lane(db, fields)
     else:  # a lane's first job here (or a delayed one): its row first, then the job
         with transaction.atomic(using=db, savepoint=False):
             lanes.hold(db, lane)
             job = Job.objects.using(db).create(**fields)
-    if run_after is not None:  # the row holds the database's answer; this is close to it
+    if due is not None or isinstance(window_started_at, models.Expression):
+        job.refresh_from_db(fields=["run_after", "queued_at", "ready_at", "window_started_at"])
+    elif run_after is not None:  # the row holds the database's answer; this is close to it
         job.run_after = job.queued_at = max(run_after, timezone.now())
     return job
 

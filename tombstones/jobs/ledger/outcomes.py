@@ -412,7 +412,8 @@ def announce(job: Job, status: str, reason: str, found: Found) -> None:
         "found_generation": found[0],
         "found_version": found[1],
     }
-    level = _LEVELS.get(status, logging.WARNING)
+    # A coalesced job is the feature working (the web process logs it): no warning.
+    level = logging.INFO if reason == Reason.COALESCED else _LEVELS.get(status, logging.WARNING)
     message = (
         "job %(job_id)s %(status)s reason=%(reason)s handler=%(handler)s record=%(record)s "
         "expected=%(expected)s found=%(found)s"
