@@ -254,3 +254,10 @@ def _hold_after_read(sender: Any, instance: Any, **kwargs: Any) -> None:
 
 if HOLD_DIR:
     post_init.connect(_hold_after_read, sender=Customer, weak=False)
+
+
+@with_options(takes_context=True, coalesce=True)
+def sync_crm_newest(context: Any, customer: Customer) -> None:
+    """A coalescing task: of a record's queued calls, only the newest runs."""
+    seen.append({"coalesced_run": context.task_result.id, "version": customer.version})
+    context.update(phone="+6")

@@ -4,6 +4,7 @@ jobs (tombstones.worker.run) against the real database. The real cluster: tests/
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -801,3 +802,43 @@ def test_enqueue__a_validated_task_is_not_validated_again_unless_its_handler_lef
     assert calls == [tasks.touch]
     assert registry.registered_as(tasks.touch.handler_name) is not None
     assert job_of(result).status == "queued"
+
+
+# --- coalescing -----------------------------------------------------------------------------------
+
+
+def test_coalesce__a_tasks_newest_call_for_a_record_runs_the_others_are_superseded(
+    customer: Customer,
+) -> None:
+    from tombstones.exceptions import JobSuperseded
+
+    older = tasks.sync_crm_newest.enqueue(customer)
+    newest = tasks.sync_crm_newest.enqueue(customer)
+    assert finish(newest).status == SUCCESSFUL
+    ended = tasks.sync_crm_newest.get_backend().get_result(older.id)
+    assert ended.status == FAILED
+    assert ended.errors[0].exception_class is JobSuperseded
+    assert "superseded: coalesced" in ended.errors[0].traceback
+    assert [s["coalesced_run"] for s in tasks.seen if "coalesced_run" in s] == [newest.id]
+
+
+def test_coalesce__a_tasks_call_without_its_record_is_refused(customer: Customer) -> None:
+    from tombstones.exceptions import MissingFence
+
+    with pytest.raises((MissingFence, TypeError), match=r"no record|coalesces"):
+        tasks.sync_crm_newest.enqueue(None)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"coalesce": True, "debounce": timedelta(seconds=1)}, "max_delay"),
+        ({"edge": "leading"}, "need coalesce"),
+    ],
+)
+def test_coalesce__bad_task_options_are_refused_at_definition(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidTask, match=message):
+        fenced_task(**options)(_plain)
