@@ -41,6 +41,7 @@ from django.conf import settings
 from django.db import connection
 
 from project.stress.cluster import database_url
+from tests.acceptance.test_readme import PRIVATE_ENV as README_PRIVATE_ENV
 from tombstones.jobs.states import UNFINISHED
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.walkthrough]
@@ -49,19 +50,9 @@ ROOT = Path(settings.BASE_DIR)
 PREVIOUS_TAG = "v0.1.0"
 # The tag's commit, for a clone without tags (update both with each release).
 PREVIOUS_COMMIT = "e1e886ef9e78cc927307954ddbc3268cd3dc847b"
-# This run's variables that must not reach the two projects (each gets its own below).
-PRIVATE_ENV = (
-    "DJANGO_SETTINGS_MODULE",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "TEST_DB_SUFFIX",
-    "Q_NAME",
-    "Q_WORKERS",
-    "Q_SYNC",
-    "SOAK_JOURNAL",
-)
+# This run's variables that must not reach the two projects (each gets its own below): the
+# walk-throughs' and the soak journal's.
+PRIVATE_ENV = (*README_PRIVATE_ENV, "SOAK_JOURNAL")
 DRAIN_TIMEOUT = 60.0
 
 # Run by the previous release's code, with no worker: records and jobs of every kind. It prints
