@@ -160,7 +160,10 @@ def test_liveness__1000_held_lanes_of_each_kind_never_keep_a_due_head_waiting(
         worker.run()
     alone.refresh_from_db()
     assert alone.status == Status.SUCCEEDED
-    assert len(with_held) == len(without), [q["sql"][:120] for q in with_held]
+    assert len(with_held) == len(without), (
+        [q["sql"][:120] for q in with_held],
+        [q["sql"][:120] for q in without],
+    )
     # And no statement of that run names a held lane.
     held_lanes = {j.lane for j in heads}
     named = [q["sql"] for q in with_held if any(f"'{lane}'" in q["sql"] for lane in held_lanes)]
