@@ -334,6 +334,17 @@ def test_coalesce__enqueue_many_leaves_the_last_job_of_each_record(calls: list[A
     ]
 
 
+def test_coalesce__enqueue_many_checks_every_key_before_any_write() -> None:
+    one, two = CustomerFactory(), CustomerFactory()
+    key = lambda params: params.get("field")  # noqa: E731 - None for a job without "field"
+    with (
+        temp_handler("t.keyed_many", lambda ctx: None, coalesce=key),
+        pytest.raises(InvalidParams, match="coalescing key"),
+    ):
+        tombstones.enqueue_many("t.keyed_many", [one, two], params={"n": 1})
+    assert not Job.objects.filter(handler="t.keyed_many").exists()
+
+
 def _enqueue_in_child(pk: int, barrier: Any, out: Any) -> None:
     """A process of its own (forked: the handler registered, no connection open), released with
     the others by the barrier, enqueueing in a transaction of its own."""

@@ -15,7 +15,13 @@ from . import ledger, queues
 from .ledger import insert_job, insert_jobs
 from .models import PLAIN_LANE_PREFIX, Job
 from .queues import DEFAULT
-from .validation import check_enqueue, check_lane, check_plain_enqueue, check_priority
+from .validation import (
+    Checked,
+    check_enqueue,
+    check_lane,
+    check_plain_enqueue,
+    check_priority,
+)
 from .wakeups import wake, wake_soon
 
 __all__ = ["default_lane", "enqueue", "enqueue_many", "enqueue_plain", "wake", "wake_soon"]
@@ -48,31 +54,43 @@ def enqueue(
     (:mod:`.queues`), run by the workers that serve it; the record's lane there is the queue's
     own.
     """
-    found, pk, generation, version, clean = check_enqueue(
+    checked = check_enqueue(
         handler, record, params=params, ordering_key=ordering_key, run_after=run_after
     )
     check_priority(priority)
     lane = check_lane(queue, ordering_key or default_lane(record))
     db = using or router.db_for_write(Job)
+    fields = _job_fields(db, record, checked, lane, priority, queue)  # refused before any SQL
+    coalescing = checked.handler.coalescing
+    if coalescing is None:
+        job = insert_job(db, run_after=run_after, **fields)
+    else:
+        job = ledger.coalesce.insert_newest(db, coalescing, run_after=run_after, **fields)
+    wake_after_commit(db, job.pk, queue)
+    return job
+
+
+def _job_fields(
+    db: str, record: models.Model, checked: Checked, lane: str, priority: int, queue: str
+) -> dict[str, Any]:
+    """A checked fenced job's columns, its coalescing key included (InvalidParams for a key
+    function that returns no str: before any SQL)."""
+    found = checked.handler
     fields: dict[str, Any] = {
         "handler": found.name,
         "content_type": ContentType.objects.db_manager(db).get_for_model(record),
-        "object_id": str(pk),
-        "generation": generation,
-        "version": version,
+        "object_id": str(checked.pk),
+        "generation": checked.generation,
+        "version": checked.version,
         "lane": lane,
-        "params": clean,
+        "params": checked.params,
         "external": found.external,
         "priority": priority,
         "queue": queue,
     }
-    if found.coalescing is None:
-        job = insert_job(db, run_after=run_after, **fields)
-    else:
-        fields["coalesce_key"] = found.coalescing.key_for(clean)  # refused before any SQL
-        job = ledger.coalesce.insert_newest(db, found.coalescing, run_after=run_after, **fields)
-    wake_after_commit(db, job.pk, queue)
-    return job
+    if found.coalescing is not None:
+        fields["coalesce_key"] = found.coalescing.key_for(checked.params)
+    return fields
 
 
 def enqueue_plain(
@@ -174,48 +192,26 @@ def enqueue_many(
     """
     check_priority(priority)
     queues.check(queue)
-    found: list[tuple[models.Model, Any, str]] = []
+    db = using or router.db_for_write(Job)
+    rows: list[dict[str, Any]] = []
+    coalescing = None
     for record in records:
         checked = check_enqueue(
             handler, record, params=params, ordering_key=ordering_key, run_after=run_after
         )
-        found.append((record, checked, check_lane(queue, ordering_key or default_lane(record))))
-    if not found:
+        lane = check_lane(queue, ordering_key or default_lane(record))
+        rows.append(_job_fields(db, record, checked, lane, priority, queue))
+        coalescing = checked.handler.coalescing
+    if not rows:
         return []
-    db = using or router.db_for_write(Job)
-    if found[0][1].handler.coalescing is not None:
+    if coalescing is None:
+        jobs = insert_jobs(db, rows, run_after=run_after)
+    else:
         # Each job supersedes the ones before it, those of this call included: one at a time.
         with transaction.atomic(using=db, savepoint=False):
             jobs = [
-                enqueue(
-                    handler,
-                    record,
-                    params=params,
-                    ordering_key=ordering_key,
-                    run_after=run_after,
-                    using=db,
-                    priority=priority,
-                    queue=queue,
-                )
-                for record, _, _ in found
+                ledger.coalesce.insert_newest(db, coalescing, run_after=run_after, **fields)
+                for fields in rows
             ]
-        return jobs
-    types = ContentType.objects.db_manager(db)
-    rows = [
-        {
-            "handler": checked.handler.name,
-            "content_type": types.get_for_model(record),
-            "object_id": str(checked.pk),
-            "generation": checked.generation,
-            "version": checked.version,
-            "lane": lane,
-            "params": checked.params,
-            "external": checked.handler.external,
-            "priority": priority,
-            "queue": queue,
-        }
-        for record, checked, lane in found
-    ]
-    jobs = insert_jobs(db, rows, run_after=run_after)
     wake_after_commit(db, jobs[0].pk, queue)
     return jobs

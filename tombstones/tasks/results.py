@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..jobs.states import Event, Reason, Status
+from ..logfields import fence_text
 from .arguments import stored
 from .compat import TaskError, TaskResult, TaskResultStatus
 
@@ -72,11 +73,11 @@ def errors_of(job: Job) -> list[TaskError]:
     # A plain task has no record and so no fence: nothing to say rather than "gNone/vNone".
     if job.generation is not None:
         found = (
-            f"found {_fence(job.found_generation, job.found_version)}"
+            f"found {fence_text(job.found_generation, job.found_version)}"
             if job.found_generation is not None
             else "nothing found"  # ended before its check read the record
         )
-        text += f" (expected {_fence(job.generation, job.version)}, {found})"
+        text += f" (expected {fence_text(job.generation, job.version)}, {found})"
     if job.error_class:
         text += f"; the handler raised {job.error_class}"
     trace = job.error_trace if isinstance(job.error_trace, str) else ""
@@ -86,13 +87,6 @@ def errors_of(job: Job) -> list[TaskError]:
             traceback=f"{trace}{text}" if trace else text,
         )
     ]
-
-
-def _fence(generation: int | None, version: int | None) -> str:
-    """``g2/v5``, ``?`` for a half not known (as the admin writes it)."""
-    g = "?" if generation is None else generation
-    v = "?" if version is None else version
-    return f"g{g}/v{v}"
 
 
 # Failures whose error_class is what the task raised (or, out of attempts, its last error).
