@@ -1,4 +1,5 @@
-"""Issue 38's leftovers that a command's output shows: each line the user needs, printed once."""
+"""Issue 38's leftovers that a command's output shows: each line the user needs, printed once
+(the race fixture's summary: tests/integration/test_race_fixture.py)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,6 @@ import pytest
 from django.core.management import call_command
 
 pytestmark = pytest.mark.django_db
-
-FOUR_CASES = "4 cases: 3 rejected for source state, 1 re-read for stale version, 0 unaccounted"
-
-
-def test_racefixture__prints_each_summary_once() -> None:
-    out = StringIO()
-    call_command(
-        "racefixture",
-        "--model",
-        "customers.Customer",
-        "--handler",
-        "customers.update_sheet_row",
-        stdout=out,
-    )
-    text = out.getvalue()
-    assert text.count(FOUR_CASES) == 1, text
-    # Every "N cases: ..." line (the four cases' and the worked example's) appears once.
-    summaries = re.findall(r"^\d+ cases?: .*$", text, flags=re.MULTILINE)
-    assert len(summaries) == 2, text
-    assert len(set(summaries)) == len(summaries), text
-    assert text.rstrip().endswith("all 5 cases as expected."), text
 
 
 def test_seed_demo__prints_each_password_once(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,11 @@ def test_case__malformed_scripts_are_refused(bad: Any) -> None:
         Case.parse(bad)
 
 
-def test_command__prints_the_table_and_the_summary_line() -> None:
+FOUR_CASES = "4 cases: 3 rejected for source state, 1 re-read for stale version, 0 unaccounted"
+
+
+def _demo_fixture() -> str:
+    """The command's output for the demo's model and handler."""
     out = StringIO()
     call_command(
         "racefixture",
@@ -131,13 +136,25 @@ def test_command__prints_the_table_and_the_summary_line() -> None:
         "customers.update_sheet_row",
         stdout=out,
     )
-    text = out.getvalue()
+    return out.getvalue()
+
+
+def test_command__prints_the_table_and_the_summary_line() -> None:
+    text = _demo_fixture()
     assert "case" in text
     assert "verdict" in text
-    assert (
-        "4 cases: 3 rejected for source state, 1 re-read for stale version, 0 unaccounted" in text
-    )
+    assert FOUR_CASES in text
     assert "MISMATCH" not in text
+
+
+def test_command__prints_each_summary_once() -> None:
+    text = _demo_fixture()
+    assert text.count(FOUR_CASES) == 1, text
+    # Every "N cases: ..." line (the four cases' and the worked example's) appears once.
+    summaries = re.findall(r"^\d+ cases?: .*$", text, flags=re.MULTILINE)
+    assert len(summaries) == 2, text
+    assert len(set(summaries)) == len(summaries), text
+    assert text.rstrip().endswith("all 5 cases as expected."), text
 
 
 def test_command__adds_cases_from_a_file_and_fails_on_mismatch(tmp_path: Path) -> None:
