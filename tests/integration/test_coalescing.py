@@ -4,6 +4,7 @@ refused at definition. SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from collections.abc import Iterator
 from datetime import timedelta
@@ -11,10 +12,11 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -24,7 +26,9 @@ from tests.factories import CustomerFactory
 from tests.jobkit import make_due, run, temp_handler
 from tombstones.exceptions import InvalidParams, MissingFence
 from tombstones.jobs import registry
+from tombstones.jobs.models import OutcomeRollup
 from tombstones.models import Job, JobEvent
+from tombstones.signals import job_finished
 
 pytestmark = pytest.mark.django_db
 
@@ -357,6 +361,70 @@ def _enqueue_in_child(pk: int, barrier: Any, out: Any) -> None:
         out.put(repr(exc))
     finally:
         connections.close_all()
+
+
+# --- its cost and its announcements -----------------------------------------------------------
+
+WINDOWS = {
+    "no window": {},
+    "trailing": {"debounce": timedelta(seconds=30), "max_delay": timedelta(minutes=5)},
+    "leading": {
+        "debounce": timedelta(seconds=30),
+        "max_delay": timedelta(seconds=30),
+        "edge": "leading",
+    },
+}
+
+
+@pytest.mark.parametrize("window", list(WINDOWS))
+def test_coalesce__an_enqueue_is_one_statement_plus_the_lane_hold(window: str) -> None:
+    customer = CustomerFactory()
+    with temp_handler("t.cost", lambda ctx: None, coalesce=True, **WINDOWS[window]):
+        tombstones.enqueue("t.cost", customer)  # the lane's row exists: its hold is one read
+        tombstones.enqueue("t.cost", customer)  # a window's waiting job to supersede
+        with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+            newest = tombstones.enqueue("t.cost", customer)
+    statements = [q["sql"] for q in captured.captured_queries]
+    assert Job.objects.filter(pk__lt=newest.pk, status=Status.SUPERSEDED).count() >= 1
+    if connection.vendor == "postgresql":
+        # The lane's row held, then the UPDATE, the events and the INSERT in one statement.
+        assert len(statements) == 2, statements
+        assert "FOR NO KEY UPDATE" in statements[0]
+    else:
+        # SQLite: the UPDATE, the INSERT, the events; a window's due time read back; the leading
+        # edge's open window read first.
+        assert len(statements) == {"no window": 3, "trailing": 4, "leading": 5}[window], statements
+
+
+def test_coalesce__a_superseded_job_is_announced_after_commit_and_counted(
+    calls: list[Any], caplog: pytest.LogCaptureFixture, django_capture_on_commit_callbacks: Any
+) -> None:
+    customer = CustomerFactory()
+    finished: list[tuple[int, str, str, Any]] = []
+
+    def receiver(sender: Any, job: Job, status: str, reason: str, **kwargs: Any) -> None:
+        finished.append((job.pk, status, reason, job.finished_at))
+
+    job_finished.connect(receiver)
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="tombstones"),
+            django_capture_on_commit_callbacks(execute=True),
+        ):
+            old = tombstones.enqueue(SYNC, customer, params={"phone": "+1 555 0100"})
+            tombstones.enqueue(SYNC, customer)
+            assert finished == []  # after the commit only
+    finally:
+        job_finished.disconnect(receiver)
+    old.refresh_from_db()
+    assert [f for f in finished if f[0] == old.pk] == [
+        (old.pk, Status.SUPERSEDED, Reason.COALESCED, old.finished_at)
+    ]
+    lines = [r for r in caplog.records if f"job {old.pk} superseded" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO]
+    assert "555" not in caplog.text  # ids and reasons only
+    counted = OutcomeRollup.objects.filter(status=Status.SUPERSEDED, reason=Reason.COALESCED)
+    assert sum(counted.values_list("jobs", flat=True)) == 1
 
 
 ROUNDS = 15
