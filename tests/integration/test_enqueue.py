@@ -14,6 +14,7 @@ import tombstones
 from project.customers.models import CrmContact, Customer
 from tests.factories import CustomerFactory
 from tombstones.exceptions import InvalidParams, MissingFence, RecordDeleted, UnknownHandler
+from tombstones.jobs.ledger import lanes
 from tombstones.jobs.models import Lane
 from tombstones.models import Job, JobEvent
 
@@ -59,6 +60,34 @@ def test_enqueue__is_one_insert_and_its_lane_held() -> None:
     stored = Job.objects.get(pk=job.pk)
     assert (stored.lane, stored.status, stored.queued_at) == (job.lane, "queued", job.queued_at)
     assert job.ready_at == stored.ready_at is not None  # its lane's hint
+
+
+def test_enqueue__a_lanes_first_job_is_one_statement_too() -> None:
+    """The lane's row is made in the job's INSERT (PostgreSQL): a first job, or a lane this
+    process has not seen (another made it), costs one statement; a row that went missing is
+    made and held on its own, and the job placed behind it."""
+    customer = CustomerFactory()
+    ContentType.objects.get_for_model(customer)
+    with CaptureQueriesContext(connection) as queries:
+        first = tombstones.enqueue(HANDLER, customer)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    if connection.vendor != "postgresql":
+        return
+    assert "made AS (INSERT INTO tombstones_lane" in queries[0]["sql"]
+    assert Lane.objects.filter(key=first.lane).count() == 1
+    lanes.remember(connection.alias, first.lane, exists=False)  # as another process
+    with CaptureQueriesContext(connection) as queries:
+        second = tombstones.enqueue(HANDLER, customer)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert Lane.objects.filter(key=first.lane).count() == 1
+    Lane.objects.filter(key=first.lane).delete()  # remembered, but gone
+    with CaptureQueriesContext(connection) as queries:
+        third = tombstones.enqueue(HANDLER, customer)
+    assert 2 < len(queries) <= 4, [q["sql"] for q in queries]
+    assert Lane.objects.filter(key=first.lane).count() == 1
+    placed = Job.objects.filter(lane=first.lane).order_by("queued_at", "id")
+    assert list(placed.values_list("pk", flat=True)) == [first.pk, second.pk, third.pk]
+    assert first.queued_at < second.queued_at < third.queued_at
 
 
 def test_enqueue__ordering_key_overrides_the_lane() -> None:

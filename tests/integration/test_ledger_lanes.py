@@ -30,7 +30,7 @@ from tests.factories import CustomerFactory
 from tests.jobkit import JOIN_TIMEOUT, temp_handler
 from tombstones.jobs import ledger
 from tombstones.jobs.engine import runner
-from tombstones.jobs.ledger import claims, rescue
+from tombstones.jobs.ledger import claims, lanes, rescue
 from tombstones.models import Job
 
 Status = Job.Status
@@ -92,18 +92,21 @@ def _waiting_on_a_lock(pid: int) -> bool:
     return row is not None and row[0] == "Lock"
 
 
+@pytest.mark.parametrize("lane", ["made before", "made by the first", "unknown to the next"])
 @pytest.mark.django_db(transaction=True)
 def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
-    postgres_only: None, touch: None
+    postgres_only: None, touch: None, lane: str
 ) -> None:
     """A job enqueued in a long transaction, and a later job of its lane enqueued meanwhile:
     the later one takes its place (and commits) only after the first committed, so no claim
-    can run it first. (It committed first, and ran first, before.)"""
+    can run it first. (It committed first, and ran first, before.) Also when the first job
+    makes the lane's row in its INSERT, and when the next enqueue's process has not seen the
+    lane: it waits for that row, then holds it."""
     customer = CustomerFactory()
-    # The lane's first job (done): the lane has its row.
-    tombstones.enqueue("t.touch", customer)
-    runner.pump()
-    ran.clear()
+    if lane == "made before":  # the lane's first job (done): the lane has its row
+        tombstones.enqueue("t.touch", customer)
+        runner.pump()
+        ran.clear()
     early: list[Job] = []
     late: list[Job] = []
     pids: list[int] = []
@@ -111,6 +114,8 @@ def test_order__a_job_whose_enqueue_commits_late_is_not_overtaken(
 
     def enqueue_the_next() -> None:
         try:
+            if lane == "unknown to the next":  # as another process: its INSERT makes the row
+                lanes.remember(connection.alias, early[0].lane, exists=False)
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_backend_pid()")
                 pids.append(cursor.fetchone()[0])

@@ -52,6 +52,15 @@ def guard_sql() -> str:
     return f"guard AS MATERIALIZED (SELECT key FROM {_TABLE} WHERE key = %s FOR NO KEY UPDATE)"
 
 
+def make_sql() -> str:
+    """The CTE an INSERT of a lane's first job makes the lane's row in (nothing when it exists;
+    a row of our own needs no lock: no other session sees it before we commit)."""
+    return (
+        f"made AS (INSERT INTO {_TABLE} (key) VALUES (%s) ON CONFLICT (key) DO NOTHING "
+        "RETURNING key)"
+    )
+
+
 def guarded(db: str) -> bool:
     """Whether lanes are locked on this database (PostgreSQL: concurrent writers)."""
     return bool(connections[db].features.has_select_for_update_skip_locked)
