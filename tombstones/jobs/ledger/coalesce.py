@@ -33,7 +33,7 @@ from ..models import Job, JobEvent
 from ..states import Event, Reason, Status
 from . import lanes
 from .insert import insert_job
-from .outcomes import announce
+from .outcomes import announce, event_row
 from .params import EMPTY_PARAMS
 
 # Not started: queued, never claimed (a retry, a crash's give-back, a staff resend all count as
@@ -270,16 +270,7 @@ def _in_statements(
     job = insert_job(db, run_after=run_after, due=due, window_started_at=window, **fields)
     if earlier:
         JobEvent.objects.using(db).bulk_create(
-            JobEvent(
-                job_id=old.pk,
-                content_type_id=old.content_type_id,
-                object_id=old.object_id,
-                event=Event.SUPERSEDED,
-                reason=Reason.COALESCED,
-                expected_generation=old.generation,
-                expected_version=old.version,
-            )
-            for old in earlier
+            event_row(old, Event.SUPERSEDED, Reason.COALESCED) for old in earlier
         )
     return job, earlier
 
