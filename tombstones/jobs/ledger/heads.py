@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.db import connections
@@ -234,20 +234,60 @@ def _scan(
     ``ready_at`` among them), from ``floor`` on, or from the first hint when none is above it:
     an index range per queue. ``first``: filled with the lanes of the due jobs above priority
     0, highest first, read in the same statement (:mod:`.priorities`)."""
-    jobs = Job.objects.using(db)
-    if floor is None:
-        scans = {queue: _in_queue(db, jobs.hinted(), queue) for queue in queues}
-        rows = priorities.read(db, scans, fields, limit, first)
-    else:
-        scans = {queue: _in_queue(db, _hints_from(db), queue, floor) for queue in queues}
-        found = priorities.read(db, scans, (*fields, "due"), limit, first)
-        rows = [row[:-1] for row in found if row[-1]]
+    look = _look(db, floor is not None, fields, limit, tuple(queues), first is not None)
+    params = _with_floor(db, look.params, floor) if floor is not None else look.params
+    rows = priorities.read(db, look, params, limit, first)
+    if floor is not None:
+        rows = [row[:-1] for row in rows if row[-1]]
     at = fields.index("ready_at")
     hint_floor.scanned((db, tuple(queues)), floor, rows[0][at] if rows else None)
     if rows or floor is None:
         return rows
     # Nothing due above the floor: perhaps a hint below it committed late (see .hint_floor).
     return _scan(db, None, fields, limit, queues)
+
+
+# A look's statement by (database, vendor, from a floor, fields, limit, queues, priorities),
+# compiled once per process (building it through the ORM cost more than running it at idle: two
+# looks a wake-up); the floor is a parameter, written as _FLOOR when compiled.
+_looks: dict[tuple[Any, ...], priorities.Look] = {}
+_FLOOR = datetime(1111, 1, 1, tzinfo=UTC)
+_UNSET = datetime(1112, 1, 1, tzinfo=UTC)  # (a floor that differs from _FLOOR: the check above)
+
+
+def _look(
+    db: str,
+    floored: bool,
+    fields: tuple[str, ...],
+    limit: int,
+    queues: tuple[str, ...],
+    first: bool,
+) -> priorities.Look:
+    key = (db, connections[db].vendor, floored, fields, limit, queues, first)
+    look = _looks.get(key)
+    if look is None:
+        if floored:
+            scans = {queue: _in_queue(db, _hints_from(db), queue, _FLOOR) for queue in queues}
+            fields = (*fields, "due")
+        else:
+            hinted = Job.objects.using(db).hinted()
+            scans = {queue: _in_queue(db, hinted, queue) for queue in queues}
+        look = priorities.compile_look(db, scans, fields, limit, first)
+        if floored and _with_floor(db, look.params, _UNSET) == list(look.params):
+            raise RuntimeError("a look from a floor does not take its floor as a parameter")
+        _looks[key] = look
+    return look
+
+
+def _with_floor(db: str, params: tuple[Any, ...], floor: datetime) -> list[Any]:
+    """The look's parameters with ``floor`` for _FLOOR: as given where the statement casts it
+    (PostgreSQL's index range), as the backend writes a datetime where a lookup compared it."""
+    adapt = connections[db].ops.adapt_datetimefield_value
+    written = adapt(_FLOOR)
+    return [
+        floor if p is _FLOOR else adapt(floor) if isinstance(p, str) and p == written else p
+        for p in params
+    ]
 
 
 def hints_from(db: str, floor: datetime, fields: Sequence[str], queue: str = DEFAULT) -> Any:

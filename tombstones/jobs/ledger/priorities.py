@@ -7,7 +7,8 @@ never changes: the claim takes a lane's head, whatever job of it has the priorit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -44,21 +45,28 @@ def prioritized(db: str, queue: str) -> Any:
     )
 
 
-def read(
-    db: str,
-    scans: Mapping[str, Any],
-    columns: tuple[str, ...],
-    limit: int,
-    first: list[str] | None,
-) -> list[Any]:
-    """The first ``limit`` rows of ``columns`` of the hint scans (one per queue, ``scans``),
-    oldest hint first; with ``first``, the lanes of :func:`prioritized` of the same queues put
-    there, highest priority first. One statement (one round trip a look, as before priorities
-    and queues): each part keeps its own plan (an index range of its queue), joined by UNION
-    ALL, columns telling them apart and ordering them across queues."""
+@dataclass(frozen=True)
+class Look:
+    """A claim's look as one statement, compiled once per shape (:func:`compile_look`): its
+    text and parameters, and the expressions of its hint parts' columns (their converters)."""
+
+    sql: str
+    params: tuple[Any, ...]
+    select: tuple[Any, ...]
+    width: int  # the caller's columns, first in each row
+
+
+def compile_look(
+    db: str, scans: Mapping[str, Any], columns: tuple[str, ...], limit: int, first: bool
+) -> Look:
+    """The statement of :func:`read`: the first ``limit`` rows of ``columns`` of the hint scans
+    (one per queue, ``scans``), and with ``first`` the due jobs of a priority of the same
+    queues. Each part keeps its own plan (an index range of its queue), joined by UNION ALL,
+    columns telling them apart and ordering them across queues."""
     conn = connections[db]
     parts, params = [], []
-    tops = [(prioritized(db, queue), _TOP) for queue in scans] if first is not None else []
+    tops = [(prioritized(db, queue), _TOP) for queue in scans] if first else []
+    select: tuple[Any, ...] = ()
     for n, (part, mark) in enumerate([*tops, *((scan, _HINT) for scan in scans.values())]):
         if mark == _TOP:
             order = {"rank": -F("priority"), "at": F("run_after")}
@@ -77,17 +85,48 @@ def read(
             sql = sql.replace(f"FROM {table}", f"FROM {table} INDEXED BY {_PRIORITY_INDEX}", 1)
         parts.append(f"SELECT * FROM ({sql}) AS scan_{n}")
         params += list(more)
+        if mark == _HINT:
+            select = tuple(column for column, _, _ in compiler.select)
+    return Look(" UNION ALL ".join(parts), tuple(params), select, len(columns))
+
+
+def read(
+    db: str, look: Look, params: Sequence[Any], limit: int, first: list[str] | None
+) -> list[Any]:
+    """Run ``look`` with ``params``: the first ``limit`` hint rows of its columns, oldest hint
+    first; with ``first``, the lanes of :func:`prioritized` put there, highest priority first.
+    One statement (one round trip a look)."""
+    conn = connections[db]
     with conn.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), params)
+        cursor.execute(look.sql, list(params))
         found = cursor.fetchall()
     # Across queues: by priority, then due time (the top parts); by hint (the scans). Each part
     # came in that order already: a stable sort keeps it.
-    width = len(columns)
+    width = look.width
     key = itemgetter(width, width + 1, width + 2)
     if first is not None:
         first += [row[0] for row in sorted((r for r in found if r[-1] == _TOP), key=key)]
-    # The scans' rows as their querysets would give them (SQLite's datetimes made aware): the
-    # converters of their own compiler, the last one compiled.
-    converters = compiler.get_converters([column for column, _, _ in compiler.select])
-    hints = compiler.apply_converters((row for row in found if row[-1] == _HINT), converters)
+    hints = _converted([row for row in found if row[-1] == _HINT], look.select, conn)
     return [tuple(row[:width]) for row in sorted(hints, key=key)[:limit]]
+
+
+def _converted(rows: list[Any], select: Sequence[Any], conn: Any) -> list[Any]:
+    """The rows as their queryset would give them (SQLite's datetimes made aware): the
+    converters of each column, for this thread's connection (as Django's compiler finds and
+    applies them)."""
+    converters = []
+    for pos, expression in enumerate(select):
+        found = conn.ops.get_db_converters(expression) + expression.get_db_converters(conn)
+        if found:
+            converters.append((pos, found, expression))
+    if not converters:
+        return rows
+    out = []
+    for row in map(list, rows):
+        for pos, found, expression in converters:
+            value = row[pos]
+            for converter in found:
+                value = converter(value, expression, conn)
+            row[pos] = value
+        out.append(row)
+    return out
