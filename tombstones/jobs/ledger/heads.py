@@ -252,7 +252,7 @@ def _scan(
 # looks a wake-up); the floor is a parameter, written as _FLOOR when compiled.
 _looks: dict[tuple[Any, ...], priorities.Look] = {}
 _FLOOR = datetime(1111, 1, 1, tzinfo=UTC)
-_UNSET = datetime(1112, 1, 1, tzinfo=UTC)  # (a floor that differs from _FLOOR: the check above)
+_UNSET = datetime(1112, 1, 1, tzinfo=UTC)  # a floor other than _FLOOR (the check in _look)
 
 
 def _look(
