@@ -95,9 +95,17 @@ def test_load_cases__missing_file_says_why(tmp_path: Path) -> None:
 @pytest.mark.django_db
 def test_racefixture__bad_cases_json_is_a_command_error_with_the_position(tmp_path: Path) -> None:
     path = tmp_path / "cases.json"
-    path.write_text('[{"name": "a",}]')
+    text = '[{"name": "a",}]'
+    path.write_text(text)
+    # Where the decoder says it went wrong: at the "}" up to Python 3.12, at the trailing comma
+    # from 3.13 (which names it).
+    with pytest.raises(json.JSONDecodeError) as decoded:
+        json.loads(text)
+    column = decoded.value.colno
+    assert (decoded.value.lineno, column) in ((1, 14), (1, 15))
 
-    with pytest.raises(CommandError, match=r"cases.json, line 1, column 15: invalid JSON"):
+    where = rf"cases.json, line 1, column {column}: invalid JSON"
+    with pytest.raises(CommandError, match=where):
         call_command("racefixture", *RACEFIXTURE, "--cases", str(path), stdout=StringIO())
 
 
