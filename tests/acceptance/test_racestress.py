@@ -52,13 +52,20 @@ def test_racestress__ordered_run_has_no_anomalies(tmp_path: Path) -> None:
 
 
 def test_racestress__unordered_run_reproduces_the_seed_race(tmp_path: Path) -> None:
-    run = _run(tmp_path, "--no-ordering")
-    assert run["mode"] == "unordered"
-    assert run["completed"]
-    assert run["anomalies"] > 0, run
-    # The harness sees the bug itself, not a bookkeeping error.
-    assert run["breakdown"]["lost_jobs"] == 0
-    assert run["breakdown"]["duplicated_jobs"] == 0
+    # A race, not a certainty: two workers on a loaded machine may take turns through a whole
+    # run (CI saw one such run). Up to three runs, other seeds, until one shows it.
+    runs = []
+    for seed in ("7", "11", "13"):
+        run = _run(tmp_path, "--no-ordering", "--seed", seed)
+        assert run["mode"] == "unordered"
+        assert run["completed"]
+        # The harness sees the bug itself, not a bookkeeping error.
+        assert run["breakdown"]["lost_jobs"] == 0
+        assert run["breakdown"]["duplicated_jobs"] == 0
+        runs.append(run)
+        if run["anomalies"] > 0:
+            break
+    assert runs[-1]["anomalies"] > 0, runs
 
 
 # --- signals and time-outs -------------------------------------------------------------------
