@@ -52,6 +52,61 @@ def test_enqueue_many__the_same_rows_as_one_enqueue_each() -> None:
         assert row.ready_at is not None
 
 
+def _columns(job: Job) -> dict[str, Any]:
+    return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("shape", ["one record", "one record twice", "records that differ"])
+def test_enqueue_many__each_job_is_returned_as_it_is_stored(shape: str) -> None:
+    """Every column of every job, as the INSERT wrote it and as the instance returned holds it:
+    the bulk INSERT sends a column whose value is the same for every job once (all of them, for
+    one record, or one record twice in its lane), the others as an array per column."""
+    first, second = CustomerFactory(), CustomerFactory()
+    second.name = "edited"
+    second.save()  # version 2: generation, version, object id and lane differ from the first's
+    records = {
+        "one record": [first],
+        "one record twice": [first, _fresh(first)],
+        "records that differ": [first, second, _fresh(first)],
+    }[shape]
+    jobs = tombstones.enqueue_many(HANDLER, records, params={"n": 7})
+    stored = {job.pk: job for job in Job.objects.filter(pk__in=[j.pk for j in jobs])}
+    assert len(stored) == len(records)
+    for job, record in zip(jobs, records, strict=True):
+        assert _columns(job) == _columns(stored[job.pk])
+        assert (job.object_id, job.version) == (str(record.pk), record.version)
+        assert job.params == {"n": 7}
+        assert job.content_type == ContentType.objects.get_for_model(Customer)
+    in_lane = Job.objects.filter(lane=jobs[0].lane).order_by("queued_at", "id")
+    assert [j.pk for j in in_lane if j.object_id == str(first.pk)] == [
+        j.pk for j in jobs if j.object_id == str(first.pk)
+    ]
+
+
+def test_enqueue_many__instances_as_the_keyword_road_makes_them() -> None:
+    """The bulk enqueue builds its instances positionally: the same values as ``Job(**row)``,
+    defaults made per instance (a dict is not shared), a relation cached as given."""
+    from tombstones.jobs.ledger.insert import _instances
+
+    kind = ContentType.objects.get_for_model(Customer)
+    rows: list[dict[str, Any]] = [
+        {"handler": "h", "content_type": kind, "object_id": "1", "lane": "a", "priority": 3},
+        {"handler": "h", "content_type": None, "object_id": "", "lane": "b", "traceparent": "t"},
+        {"handler": "h", "content_type_id": kind.pk, "lane": "c", "params": {"x": 1}},
+    ]
+    made = _instances(rows)
+    for job, row in zip(made, rows, strict=True):
+        expected = Job(**row)
+        assert _columns(job) == _columns(expected)
+        assert job._state.adding
+        assert job._state.db is None
+    assert made[0].content_type is kind
+    assert made[1].content_type is None
+    assert made[0].params is not made[1].params  # each its own default dict
+    with pytest.raises(TypeError, match="nosuch"):
+        _instances([{"handler": "h", "nosuch": 1}])
+
+
 def test_enqueue_many__one_lane_takes_its_places_in_the_order_given() -> None:
     customer = CustomerFactory()
     earlier = tombstones.enqueue(HANDLER, customer, params={"n": 0})

@@ -185,12 +185,30 @@ def _lane_insert_template(
 def _set_returned(job: Job, db: str, returned: Sequence[models.Field[Any, Any]], row: Any) -> None:
     """The values an INSERT returned, converted as Django's own INSERT converts them, set on
     the (now saved) instance."""
+    _fill(job, db, _converters(db, returned), row)
+
+
+Converters = list[tuple[str, list[Any], Any]]  # a returned column's attname, converters, column
+
+
+def _converters(db: str, returned: Sequence[models.Field[Any, Any]]) -> Converters:
+    """The converters of the returned columns, as Django's INSERT finds them (once per
+    statement, not per row)."""
     conn = connections[db]
-    for field, value in zip(returned, row, strict=True):
+    found = []
+    for field in returned:
         column = field.get_col(Job._meta.db_table)
-        for convert in [*conn.ops.get_db_converters(column), *field.get_db_converters(conn)]:
-            value = convert(value, column, conn)
-        setattr(job, field.attname, value)
+        convert = [*conn.ops.get_db_converters(column), *field.get_db_converters(conn)]
+        found.append((field.attname, convert, column))
+    return found
+
+
+def _fill(job: Job, db: str, converters: Converters, row: Any) -> None:
+    conn = connections[db]
+    for (attname, convert, column), value in zip(converters, row, strict=True):
+        for converter in convert:
+            value = converter(value, column, conn)
+        setattr(job, attname, value)
     job._state.adding = False
     job._state.db = db
 
@@ -205,7 +223,7 @@ def insert_jobs(
     if not rows:
         return []
     trace = tracing.traceparent()
-    jobs = [Job(**{"traceparent": trace, **fields}) for fields in rows]
+    jobs = _instances([{"traceparent": trace, **fields} for fields in rows])
     with transaction.atomic(using=db, savepoint=False):
         lanes.hold_many(db, [job.lane for job in jobs])
         if connections[db].vendor == "postgresql":
@@ -222,6 +240,51 @@ def insert_jobs(
     return made
 
 
+def _instances(rows: Sequence[dict[str, Any]]) -> list[Job]:
+    """``Job(**fields)`` for each of ``rows``, through the model's positional road (every
+    column given in order: a third of the keyword road's time, which looks up each field's
+    name and default per instance). The same values: a default that is not a constant (a
+    callable's, the database's) is made per instance, as the keyword road makes it."""
+    fields = Job._meta.concrete_fields
+    keys = {key for row in rows for key in row}
+    unknown = keys - {f.name for f in fields} - {f.attname for f in fields}
+    if unknown:
+        raise TypeError(f"Job got unexpected keyword arguments: {sorted(unknown)}")
+    plan: list[tuple[str, str, Any]] = []  # per column: where its value comes from
+    for field in fields:
+        if field.is_relation and field.name in keys:
+            plan.append(("related", field.name, field))
+        elif field.name in keys or field.attname in keys:
+            plan.append(("given", field.name if field.name in keys else field.attname, field))
+        elif field.has_default() and not callable(field.default):
+            plan.append(("constant", "", field.get_default()))
+        else:
+            plan.append(("default", "", field))
+    jobs = []
+    for row in rows:
+        values: list[Any] = []
+        related: list[tuple[Any, Any]] = []
+        for how, name, found in plan:
+            if how == "constant":
+                values.append(found)
+            elif how == "related" and name in row:
+                target = row[name]
+                key = found.target_field.attname
+                values.append(None if target is None else getattr(target, key))
+                related.append((found, target))
+            elif how == "related" and found.attname in row:
+                values.append(row[found.attname])
+            elif how == "given" and name in row:
+                values.append(row[name])
+            else:
+                values.append(found.get_default())
+        job = Job(*values)  # type: ignore[misc]  # (positional: every column in order)
+        for field, target in related:
+            field.set_cached_value(job, target)  # as the keyword road sets it
+        jobs.append(job)
+    return jobs
+
+
 # Placed by their due time (a delayed bulk enqueue), never before the statement's time.
 _TIMED = ("run_after", "queued_at", "ready_at")
 
@@ -231,7 +294,11 @@ def _insert_unnest(db: str, jobs: Sequence[Job], run_after: datetime | None) -> 
     its parameters stay the same size whatever the number of jobs (Django's bulk INSERT
     compiles and binds one parameter per column and row)."""
     conn = connections[db]
-    columns, arrays, casts = [], [], []
+    columns: list[str] = []
+    picked: list[str] = []  # the SELECT list: a column of unnest, or one value for every row
+    arrays: list[Any] = []
+    casts: list[str] = []
+    constants: list[Any] = []
     returned: list[models.Field[Any, Any]] = [Job._meta.pk]
     for field in Job._meta.local_concrete_fields:
         if field.primary_key:
@@ -244,29 +311,40 @@ def _insert_unnest(db: str, jobs: Sequence[Job], run_after: datetime | None) -> 
             returned.append(field)
             continue  # the column's default, for every row alike
         columns.append(conn.ops.quote_name(str(field.column)))
+        first = values[0]
+        if all(type(value) is type(first) and value == first for value in values):
+            # One value for every row (the handler, the queue, most defaults): one parameter,
+            # prepared once, instead of an array of copies.
+            picked.append(f"%s::{field.db_type(conn)}")
+            constants.append(field.get_db_prep_save(first, conn))
+            continue
+        picked.append(f"u.c{len(arrays)}")
         arrays.append([field.get_db_prep_save(value, conn) for value in values])
         casts.append(f"%s::{field.db_type(conn)}[]")
-    names = [f"c{n}" for n in range(len(columns))]
-    picked = [f"u.{name}" for name in names]
-    params: list[Any] = list(arrays)
     if run_after is not None:
         for name in _TIMED:
             columns.append(conn.ops.quote_name(name))
             picked.append("GREATEST(%s::timestamptz, STATEMENT_TIMESTAMP())")
-            params.append(run_after)
-        # The parameters in the statement's order: the SELECT list's come before unnest's.
-        params = params[len(arrays) :] + params[: len(arrays)]
+            constants.append(run_after)
+    if arrays:
+        names = ", ".join(f"c{n}" for n in range(len(arrays)))
+        rows_from = f"unnest({', '.join(casts)}) WITH ORDINALITY AS u({names}, n)"
+    else:  # every job alike (one job; the same record twice in its lane)
+        rows_from = "generate_series(1, %s) AS u(n)"
+        arrays.append(len(jobs))
+    # The parameters in the statement's order: the SELECT list's come before unnest's.
+    params = [*constants, *arrays]
     # Only what the database decided comes back, set on the instances given (a raw queryset
     # of every column made a second instance per job).
     back = ", ".join(conn.ops.quote_name(str(field.column)) for field in returned)
     sql = (
         f"INSERT INTO {conn.ops.quote_name(Job._meta.db_table)} ({', '.join(columns)}) "
-        f"SELECT {', '.join(picked)} FROM unnest({', '.join(casts)}) "
-        f"WITH ORDINALITY AS u({', '.join(names)}, n) ORDER BY u.n RETURNING {back}"
+        f"SELECT {', '.join(picked)} FROM {rows_from} ORDER BY u.n RETURNING {back}"
     )
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = sorted(cursor.fetchall(), key=lambda row: row[0])  # ids in the order given
+    converters = _converters(db, returned)
     for job, row in zip(jobs, rows, strict=True):
-        _set_returned(job, db, returned, row)
+        _fill(job, db, converters, row)
     return list(jobs)
