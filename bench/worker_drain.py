@@ -37,6 +37,7 @@ def main() -> None:
         "--road", choices=["handler", "tasks"], default="handler", help="tasks: the @task variant"
     )
     parser.add_argument("--profile", type=int, default=0, help="print the top N functions")
+    parser.add_argument("--sort", default="tottime", help="the profile's order (pstats' keys)")
     args = parser.parse_args()
     ensure_pg_database(args.pg_url)  # refuses a test database
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
@@ -86,7 +87,7 @@ def main() -> None:
         import pstats
 
         profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats(args.sort).print_stats(args.profile)
     left = Job.objects.exclude(status=Job.Status.SUCCEEDED).count()
     print(
         json.dumps(

@@ -323,6 +323,48 @@ def test_savepoint__a_first_statement_that_reads_gets_its_own_rows(queued: None)
     assert Job.objects.filter(status=Status.SUCCEEDED).count() == 2
 
 
+def test_savepoint__a_first_statement_with_percent_signs_is_sent_as_written(queued: None) -> None:
+    """The first statement is bound in the client before the savepoint is put in front of it:
+    a ``%`` in a value, and a ``%%`` in a statement's text, reach the database as they would
+    without the savepoint."""
+    from django.db import connection
+
+    def percent(ctx: Any) -> None:
+        with connection.cursor() as cursor:  # a raw first statement with a literal %
+            cursor.execute(
+                "UPDATE stress_stressentity SET payload = %s || '%%' WHERE id = %s",
+                [f"{ctx.record.key} 100", ctx.record.pk],
+            )
+            cursor.execute("SELECT payload FROM stress_stressentity WHERE id = %s", [ctx.record.pk])
+            seen.append(cursor.fetchone()[0])
+        ctx.update(counter=F("counter") + 1, payload=f"{ctx.record.key} 50% off")
+
+    seen: list[str] = []
+    with temp_handler("t.percent", percent):
+        _statements_of_group("t.percent", ["pc-1", "pc-2"])
+    assert seen == ["pc-1 100%", "pc-2 100%"]
+    assert dict(StressEntity.objects.values_list("key", "payload")) == {
+        "pc-1": "pc-1 50% off",
+        "pc-2": "pc-2 50% off",
+    }
+    assert Job.objects.filter(status=Status.SUCCEEDED).count() == 2
+
+
+def test_savepoint__psycopg_parses_each_statement_text_once(
+    queued: None, postgres_only: None
+) -> None:
+    """psycopg keeps its parse of a statement's text (an LRU of them). A savepoint name in the
+    text made every job's first statement new: parsed again, and pushing the engine's own
+    statements out of that cache. Bound first, the text it parses is the job's own statement,
+    the same for every job of a handler."""
+    from psycopg import _queries
+
+    _statements_of_group("stress.count", ["pq-0", "pq-1"])  # the group's statements parsed once
+    before = _queries._query2pg_client.cache_info().misses
+    _statements_of_group("stress.count", [f"pq-{n}" for n in range(2, 12)])
+    assert _queries._query2pg_client.cache_info().misses - before < 5
+
+
 def test_savepoint__a_failing_first_statement_rolls_back_that_job_alone(queued: None) -> None:
     """The first statement fails in the round trip that made the savepoint: the job rolls back
     to it, the group's other jobs commit."""

@@ -168,3 +168,36 @@ def test_liveness__1000_held_lanes_of_each_kind_never_keep_a_due_head_waiting(
     held_lanes = {j.lane for j in heads}
     named = [q["sql"] for q in with_held if any(f"'{lane}'" in q["sql"] for lane in held_lanes)]
     assert named == []
+
+
+def test_claim__its_reads_give_each_time_as_stored(handlers: None) -> None:
+    """The claim's look, its read of the lanes and its take return datetimes as the rows hold
+    them, aware (PostgreSQL sends them in UTC without a zone, which psycopg's C loader reads):
+    a hint cleared "as it was read" needs its exact time, to the microsecond."""
+    from tombstones.jobs.ledger import heads
+
+    customers = CustomerFactory.create_batch(3)
+    jobs = [tombstones.enqueue("t.touch", c) for c in customers]
+    stored = {j.pk: Job.objects.get(pk=j.pk) for j in jobs}
+    for floor in (None, min(j.ready_at for j in stored.values()) - timedelta(seconds=1)):
+        fields = ("lane", "id", "ready_at", "queued_at")
+        rows = heads._scan("default", floor, fields, 10, ("default",))
+        assert sorted(row[1] for row in rows) == sorted(stored)
+        for _, pk, ready_at, queued_at in rows:
+            assert (ready_at, queued_at) == (stored[pk].ready_at, stored[pk].queued_at)
+            assert ready_at.utcoffset() == timedelta(0)
+    fronts, hints = heads.read_lanes_jobs("default", [j.lane for j in jobs], 2)
+    for job in jobs:
+        (front,) = fronts[job.lane]
+        row = stored[job.pk]
+        assert (front.queued_at, front.ready_at, front.run_after) == (
+            row.queued_at,
+            row.ready_at,
+            row.run_after,
+        )
+        assert front.queued_at.utcoffset() == timedelta(0)
+        assert hints[job.lane] == [(job.pk, row.ready_at)]
+    # Cleared as read: the exact times match the rows.
+    picked = heads.Picked(clear=[h for lane in hints.values() for h in lane])
+    heads.settle_hints("default", picked)
+    assert not Job.objects.filter(pk__in=stored, ready_at__isnull=False).exists()

@@ -178,9 +178,17 @@ def test_runner__a_claim_reads_its_lanes_and_takes_them_in_few_statements(queued
     data = [sql for sql in data if sql not in ("BEGIN", "COMMIT")]
     assert len(data) == (4 if connection.vendor == "postgresql" else 3), data
     assert data[-1].startswith("UPDATE"), data
-    assert data[-1].endswith("RETURNING *"), data
+    assert " RETURNING " in data[-1], data
     assert _statuses(jobs) == [Status.RUNNING] * 3
     assert all(j.claim_token == taken.token and j.attempts == 1 for j in taken.jobs)
+    # Every column as stored, the datetimes aware (PostgreSQL returns them in UTC, no zone).
+    times = ("created_at", "run_after", "queued_at", "started_at", "lease_expires_at")
+    for job in taken.jobs:
+        stored = Job.objects.get(pk=job.pk)
+        assert [getattr(job, f.attname) for f in Job._meta.concrete_fields] == [
+            getattr(stored, f.attname) for f in Job._meta.concrete_fields
+        ]
+        assert all(getattr(job, name).utcoffset() == timedelta(0) for name in times)
     assert taken.clock is not None
     assert taken.clock[0] == Job.objects.get(pk=jobs[0].pk).started_at
     assert ledger.claim(10) is None  # nothing left: a statement that takes nothing

@@ -46,8 +46,12 @@ class Savepoint:
         raw = getattr(context.get("cursor"), "cursor", None)
         if raw is not None and not many and _merges(raw):
             # One round trip: psycopg 3 binds the parameters in the client and sends both as one
-            # simple query; the cursor then moves on to the statement's own result.
-            result = execute(f"{create}; {sql}", params, many, context)
+            # simple query; the cursor then moves on to the statement's own result. Bound
+            # before the savepoint is put in front: psycopg keeps its parse of a statement's
+            # text, and a text with a savepoint name in it is new for every job (each one
+            # parsed again, and pushing the engine's statements out of that cache).
+            bound = raw.mogrify(sql, params) if params is not None else sql
+            result = execute(f"{create}; {bound}", None, many, context)
             raw.nextset()
             return result
         with conn.cursor() as cursor:  # a statement of its own (SQLite's costs no round trip)

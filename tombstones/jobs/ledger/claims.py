@@ -245,10 +245,10 @@ def _take(
             picked = heads.pick(keys, fronts, hints, **options, held=held, guarded=guarded)
     taken: list[Job] = []
     if picked.ids:
-        sql, params = heads.take(
+        took = heads.take(
             db, [f.id for f in picked.heads], [f.id for f in picked.followers], token, wid
         )
-        taken = _with_their_heads(db, list(Job.objects.db_manager(db).raw(sql, params)))
+        taken = _with_their_heads(db, took)
     heads.settle_hints(db, picked)
     return taken, picked, more
 
