@@ -234,8 +234,8 @@ def _scan(
     ``ready_at`` among them), from ``floor`` on, or from the first hint when none is above it:
     an index range per queue. ``first``: filled with the lanes of the due jobs above priority
     0, highest first, read in the same statement (:mod:`.priorities`)."""
-    look = _look(db, floor is not None, fields, limit, tuple(queues), first is not None)
-    params = _with_floor(db, look.params, floor) if floor is not None else look.params
+    look, slots = _look(db, floor is not None, fields, limit, tuple(queues), first is not None)
+    params = _with_floor(db, look.params, slots, floor) if floor is not None else look.params
     rows = priorities.read(db, look, params, limit, first)
     if floor is not None:
         rows = [row[:-1] for row in rows if row[-1]]
@@ -249,10 +249,10 @@ def _scan(
 
 # A look's statement by (database, vendor, from a floor, fields, limit, queues, priorities),
 # compiled once per process (building it through the ORM cost more than running it at idle: two
-# looks a wake-up); the floor is a parameter, written as _FLOOR when compiled.
-_looks: dict[tuple[Any, ...], priorities.Look] = {}
+# looks a wake-up); the floor is a parameter, written as _FLOOR when compiled, and where it is
+# (its slots) is found then.
+_looks: dict[tuple[Any, ...], tuple[priorities.Look, tuple[tuple[int, bool], ...]]] = {}
 _FLOOR = datetime(1111, 1, 1, tzinfo=UTC)
-_UNSET = datetime(1112, 1, 1, tzinfo=UTC)  # a floor other than _FLOOR (the check in _look)
 
 
 def _look(
@@ -262,10 +262,10 @@ def _look(
     limit: int,
     queues: tuple[str, ...],
     first: bool,
-) -> priorities.Look:
+) -> tuple[priorities.Look, tuple[tuple[int, bool], ...]]:
     key = (db, connections[db].vendor, floored, fields, limit, queues, first)
-    look = _looks.get(key)
-    if look is None:
+    found = _looks.get(key)
+    if found is None:
         if floored:
             scans = {queue: _in_queue(db, _hints_from(db), queue, _FLOOR) for queue in queues}
             fields = (*fields, "due")
@@ -273,21 +273,34 @@ def _look(
             hinted = Job.objects.using(db).hinted()
             scans = {queue: _in_queue(db, hinted, queue) for queue in queues}
         look = priorities.compile_look(db, scans, fields, limit, first)
-        if floored and _with_floor(db, look.params, _UNSET) == list(look.params):
+        slots = _floor_slots(db, look.params)
+        if floored and len(slots) < len(queues):  # (one range of the hint index per queue)
             raise RuntimeError("a look from a floor does not take its floor as a parameter")
-        _looks[key] = look
-    return look
+        found = _looks[key] = (look, slots)
+    return found
 
 
-def _with_floor(db: str, params: tuple[Any, ...], floor: datetime) -> list[Any]:
-    """The look's parameters with ``floor`` for _FLOOR: as given where the statement casts it
-    (PostgreSQL's index range), as the backend writes a datetime where a lookup compared it."""
-    adapt = connections[db].ops.adapt_datetimefield_value
-    written = adapt(_FLOOR)
-    return [
-        floor if p is _FLOOR else adapt(floor) if isinstance(p, str) and p == written else p
-        for p in params
-    ]
+def _floor_slots(db: str, params: tuple[Any, ...]) -> tuple[tuple[int, bool], ...]:
+    """Where a look compiled from _FLOOR has it among its parameters, and whether as the
+    backend writes a datetime (where a lookup compared it) or as given (where the statement
+    casts it: PostgreSQL's index range)."""
+    written = connections[db].ops.adapt_datetimefield_value(_FLOOR)
+    return tuple(
+        (n, p is not _FLOOR)
+        for n, p in enumerate(params)
+        if p is _FLOOR or (isinstance(p, str) and p == written)
+    )
+
+
+def _with_floor(
+    db: str, params: tuple[Any, ...], slots: tuple[tuple[int, bool], ...], floor: datetime
+) -> list[Any]:
+    """The look's parameters with ``floor`` in its slots."""
+    out = list(params)
+    written = connections[db].ops.adapt_datetimefield_value(floor)
+    for n, adapted in slots:
+        out[n] = written if adapted else floor
+    return out
 
 
 def hints_from(db: str, floor: datetime, fields: Sequence[str], queue: str = DEFAULT) -> Any:
