@@ -752,6 +752,48 @@ def test_signals__a_task_that_ran_costs_its_signals_no_query(
     assert done.status == SUCCESSFUL
 
 
+def test_signals__task_finished_carries_the_return_value_and_leaves_the_running_result(
+    customer: Customer, django_capture_on_commit_callbacks: Any
+) -> None:
+    """task_finished's result of a plain success is the one the task ran with, ended: a copy
+    (the result the task and task_started were given stays RUNNING), with the status, end,
+    errors and return value get_result() reads."""
+    started: list[Any] = []
+    got: list[Any] = []
+
+    def on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        started.append(task_result)
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(task_result)
+
+    result = tasks.returns.enqueue(customer, "counts")
+    task_started.connect(on_started)
+    task_finished.connect(on_finished)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            run(job_of(result))
+    finally:
+        task_started.disconnect(on_started)
+        task_finished.disconnect(on_finished)
+    [running], [done] = started, got
+    stored = tasks.returns.get_backend().get_result(result.id)
+    assert done is not running
+    assert running.status == RUNNING
+    assert running.finished_at is None
+    assert done.status == SUCCESSFUL
+    fields = ("id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at")
+    assert [getattr(done, name) for name in fields] == [getattr(stored, name) for name in fields]
+    assert (done.args, done.kwargs, done.worker_ids) == (
+        stored.args,
+        stored.kwargs,
+        stored.worker_ids,
+    )
+    assert done.errors == stored.errors == []
+    assert done.return_value == stored.return_value
+    assert done.return_value is not None
+
+
 def test_signals__a_failed_task_carries_the_row_as_its_outcome_left_it(
     customer: Customer, django_capture_on_commit_callbacks: Any
 ) -> None:
