@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from django.db import connections, models
+from django.db import connections
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
@@ -37,7 +37,7 @@ from .. import queries
 from ..models import Job
 from ..queues import DEFAULT
 from ..states import CLAIMABLE, SUSPECT, UNFINISHED, Status
-from . import hint_floor, priorities
+from . import hint_floor, priorities, reading
 
 # The most hints of a lane one claim clears (a burst of enqueues into one lane: the rest go to
 # the next claims, a bounded statement each).
@@ -387,9 +387,8 @@ def _lateral_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
     computed = {
         "due": f"(j.run_after <= STATEMENT_TIMESTAMP() AND j.status IN ({claimable}))",
         "delayed": "(j.run_after > j.created_at)",
-        # As UTC without a zone: psycopg's C loader reads it (Django's loader of timestamptz is
-        # Python, 30 times slower, and a look reads three per row); made aware again when read.
-        **{name: f"(j.{conn.ops.quote_name(name)} AT TIME ZONE 'UTC')" for name in _UTC_FIELDS},
+        # As UTC without a zone, made aware again when read (see .reading).
+        **{name: reading.utc_sql(f"j.{conn.ops.quote_name(name)}") for name in _UTC_FIELDS},
     }
     columns = ", ".join(
         computed.get(name, f"j.{conn.ops.quote_name(name)}") for name in _FRONT_FIELDS
@@ -412,10 +411,6 @@ def _lateral_statement(db: str, count: int) -> tuple[str, tuple[Any, ...]]:
         f"ORDER BY j.ready_at LIMIT {HINTS_PER_LANE}) h"
     )
     return sql, (_LANE, _LANE)
-
-
-def _as_utc(value: datetime | None, *ignored: Any) -> datetime | None:
-    return None if value is None else value.replace(tzinfo=UTC)
 
 
 def read_lanes_jobs(
@@ -444,7 +439,7 @@ def read_lanes_jobs(
     # without a zone (see _lateral_statement).
     convert = getattr(conn.ops, "convert_datetimefield_value", None)
     if conn.vendor == "postgresql":
-        convert = _as_utc
+        convert = reading.as_utc
     datetime_field = Job._meta.get_field("queued_at")
     # A lane's hints already listed (a set: a hot lane has up to HINTS_PER_LANE of them).
     seen = {lane: {pk for pk, _ in listed} for lane, listed in hints.items()}
@@ -628,52 +623,26 @@ def take(
     # Every column in the model's order (_every_column): the instances as Model.from_db makes
     # them, each column converted as the ORM converts it (a raw queryset matched the columns
     # to the fields by name and found their converters again at every claim).
-    names, converters = _columns_read(conn)
-    taken = []
-    for row in rows:
-        got = list(row)
-        for pos, convert, expression in converters:
-            for converter in convert:
-                got[pos] = converter(got[pos], expression, conn)
-        taken.append(Job.from_db(db, names, got))
-    return taken
+    fields = Job._meta.concrete_fields
+    if conn.alias not in _take_converters:
+        _take_converters[conn.alias] = reading.converters(conn, fields, utc=True)
+    found = _take_converters[conn.alias]
+    names = [f.attname for f in fields]
+    return [Job.from_db(db, names, reading.converted(row, found, conn)) for row in rows]
 
 
-# The job's datetime columns: the take returns them in UTC without a zone on PostgreSQL.
-_DATETIMES = tuple(
-    f.attname for f in Job._meta.concrete_fields if isinstance(f, models.DateTimeField)
-)
-
-
-_read_as: dict[str, tuple[list[str], list[tuple[int, list[Any], Any]]]] = {}
-
-
-def _columns_read(conn: Any) -> tuple[list[str], list[tuple[int, list[Any], Any]]]:
-    """The take's columns on PostgreSQL (attnames, in order) and the converters of each: the
-    ORM's (a JSON column's decoding), and the zone put back on each datetime."""
-    if conn.alias not in _read_as:
-        converters = []
-        for pos, field in enumerate(Job._meta.concrete_fields):
-            column = field.get_col(Job._meta.db_table)
-            found = [*conn.ops.get_db_converters(column), *field.get_db_converters(conn)]
-            if field.attname in _DATETIMES:
-                found.append(_as_utc)
-            if found:
-                converters.append((pos, found, column))
-        _read_as[conn.alias] = ([f.attname for f in Job._meta.concrete_fields], converters)
-    return _read_as[conn.alias]
+_take_converters: dict[str, reading.Converters] = {}  # by database: found once
 
 
 def _every_column(conn: Any) -> str:
-    """``*``, and on PostgreSQL every column named, each datetime as UTC without a zone:
-    psycopg's C loader reads it (Django's loader of a timestamptz is Python, 30 times slower;
-    a claim of 20 jobs reads a hundred), and :func:`take` makes it aware again."""
+    """``*``, and on PostgreSQL every column named, each datetime as UTC without a zone
+    (:mod:`.reading`; :func:`take` makes it aware again)."""
     if conn.vendor != "postgresql":
         return "*"
     quote = conn.ops.quote_name
     return ", ".join(
-        f"({quote(f.column)} AT TIME ZONE 'UTC') AS {quote(f.column)}"
-        if f.attname in _DATETIMES
+        f"{reading.utc_sql(quote(f.column))} AS {quote(f.column)}"
+        if f.attname in reading.DATETIMES
         else quote(f.column)
         for f in Job._meta.concrete_fields
     )

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .. import tracing
 from ..models import PLAIN_LANE_PREFIX, Job
-from . import lanes
+from . import lanes, reading
 
 
 def insert_job(
@@ -185,30 +185,18 @@ def _lane_insert_template(
 def _set_returned(job: Job, db: str, returned: Sequence[models.Field[Any, Any]], row: Any) -> None:
     """The values an INSERT returned, converted as Django's own INSERT converts them, set on
     the (now saved) instance."""
-    _fill(job, db, _converters(db, returned), row)
+    _fill(job, db, returned, reading.converters(connections[db], returned), row)
 
 
-Converters = list[tuple[str, list[Any], Any]]  # a returned column's attname, converters, column
-
-
-def _converters(db: str, returned: Sequence[models.Field[Any, Any]]) -> Converters:
-    """The converters of the returned columns, as Django's INSERT finds them (once per
-    statement, not per row)."""
-    conn = connections[db]
-    found = []
-    for field in returned:
-        column = field.get_col(Job._meta.db_table)
-        convert = [*conn.ops.get_db_converters(column), *field.get_db_converters(conn)]
-        found.append((field.attname, convert, column))
-    return found
-
-
-def _fill(job: Job, db: str, converters: Converters, row: Any) -> None:
-    conn = connections[db]
-    for (attname, convert, column), value in zip(converters, row, strict=True):
-        for converter in convert:
-            value = converter(value, column, conn)
-        setattr(job, attname, value)
+def _fill(
+    job: Job,
+    db: str,
+    returned: Sequence[models.Field[Any, Any]],
+    found: reading.Converters,
+    row: Any,
+) -> None:
+    for field, value in zip(returned, reading.converted(row, found, connections[db]), strict=True):
+        setattr(job, field.attname, value)
     job._state.adding = False
     job._state.db = db
 
@@ -344,7 +332,7 @@ def _insert_unnest(db: str, jobs: Sequence[Job], run_after: datetime | None) -> 
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = sorted(cursor.fetchall(), key=lambda row: row[0])  # ids in the order given
-    converters = _converters(db, returned)
+    found = reading.converters(conn, returned)  # once per statement, not per row
     for job, row in zip(jobs, rows, strict=True):
-        _fill(job, db, converters, row)
+        _fill(job, db, returned, found, row)
     return list(jobs)

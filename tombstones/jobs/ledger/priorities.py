@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC
 from operator import itemgetter
 from typing import Any
 
@@ -20,6 +19,7 @@ from django.db.models.functions import Now
 
 from ..models import Job
 from ..states import CLAIMABLE
+from . import reading
 
 _PRIORITY_INDEX = "tombstones_job_priority"
 _TOP, _HINT = 1, 0  # the parts of a look: a queue's jobs of a priority, a queue's hints
@@ -69,10 +69,9 @@ def compile_look(
     parts, params = [], []
     tops = [(prioritized(db, queue), _TOP) for queue in scans] if first else []
     select: tuple[Any, ...] = ()
-    # PostgreSQL: the datetimes as UTC without a zone, which psycopg's C loader reads (Django's
-    # loader of a timestamptz is Python, 30 times slower); read() makes them aware again.
+    # PostgreSQL: the datetimes as UTC without a zone (see .reading); read() makes them aware.
     utc = conn.vendor == "postgresql"
-    names = [_utc_name(c) if utc and c in _DATETIMES else c for c in columns]
+    names = [_utc_name(c) if utc and c in reading.DATETIMES else c for c in columns]
     for n, (part, mark) in enumerate([*tops, *((scan, _HINT) for scan in scans.values())]):
         if mark == _TOP:
             order = {"rank": -F("priority"), "at": _at(conn, "run_after", utc)}
@@ -80,7 +79,7 @@ def compile_look(
                 order["due"] = Value(True)
         else:
             order = {"rank": Value(0), "at": _at(conn, "ready_at", utc)}
-        own = {_utc_name(c): _at(conn, c, utc) for c in columns if utc and c in _DATETIMES}
+        own = {_utc_name(c): _at(conn, c, utc) for c in columns if utc and c in reading.DATETIMES}
         sliced = part.annotate(part=Value(mark), **order, **own)
         rows = sliced.values_list(*names, "rank", "at", "id", "part")[:limit]
         compiler = rows.query.get_compiler(db)
@@ -96,11 +95,8 @@ def compile_look(
             select = tuple(column for column, _, _ in compiler.select)
     width = len(columns)
     at = (width + 1,) if utc else ()
-    positions = tuple(n for n, c in enumerate(columns) if utc and c in _DATETIMES) + at
+    positions = tuple(n for n, c in enumerate(columns) if utc and c in reading.DATETIMES) + at
     return Look(" UNION ALL ".join(parts), tuple(params), select, width, positions)
-
-
-_DATETIMES = frozenset(f.name for f in Job._meta.concrete_fields if isinstance(f, DateTimeField))
 
 
 def _utc_name(column: str) -> str:
@@ -112,7 +108,7 @@ def _at(conn: Any, column: str, utc: bool) -> Any:
     if not utc:
         return F(column)
     quote = conn.ops.quote_name
-    sql = f"({quote(Job._meta.db_table)}.{quote(column)} AT TIME ZONE 'UTC')"
+    sql = reading.utc_sql(f"{quote(Job._meta.db_table)}.{quote(column)}")
     return RawSQL(sql, (), output_field=DateTimeField())
 
 
@@ -141,8 +137,7 @@ def read(
 def _aware(row: Sequence[Any], positions: tuple[int, ...]) -> list[Any]:
     out = list(row)
     for pos in positions:
-        if out[pos] is not None:
-            out[pos] = out[pos].replace(tzinfo=UTC)
+        out[pos] = reading.as_utc(out[pos])
     return out
 
 
