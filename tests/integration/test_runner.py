@@ -79,6 +79,33 @@ def test_runner__one_wake_runs_every_due_job_in_few_statements(queued: Any) -> N
     assert events(jobs[5]) == ["enqueued", "claimed", "checked", "succeeded"]
 
 
+def test_runner__a_claim_by_default_fills_one_group(
+    queued: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default batch is a group's worth of quick jobs (issue 34): a claim's fixed statements
+    (the look, the lanes, the lock, the take, the check's read, the outcomes) are shared by as
+    many jobs as one transaction may hold, not by 20 of them."""
+    from tombstones.conf import tombstone_settings
+    from tombstones.jobs.engine import group
+
+    assert tombstone_settings.BATCH_SIZE == group.GROUP_JOBS
+    # The worker's last claim ran quickly: it takes all it sees (up to the batch), not a share.
+    runner.current().quick = True
+    jobs = queued(group.GROUP_JOBS + 5)
+    sizes: list[int] = []
+    claim = ledger.claim
+
+    def counted(*args: Any, **kwargs: Any) -> ledger.Claim | None:
+        taken = claim(*args, **kwargs)
+        sizes.append(len(taken.jobs) if taken is not None else 0)
+        return taken
+
+    monkeypatch.setattr(ledger, "claim", counted)
+    assert len(_pump()) == len(jobs)
+    assert sizes == [group.GROUP_JOBS, 5, 0]
+    assert set(_statuses(jobs)) == {Status.SUCCEEDED}
+
+
 def test_runner__lanes_run_in_order_one_job_per_lane_per_claim(queued: Any) -> None:
     one, two = CustomerFactory(), CustomerFactory()
     lane_one = [tombstones.enqueue("t.touch", one) for _ in range(12)]
