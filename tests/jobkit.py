@@ -77,6 +77,21 @@ def temp_handler(
         registry.unregister(name)
 
 
+@contextmanager
+def caught(signal: Any) -> Iterator[list[Any]]:
+    """The ``task_result`` of each ``signal`` sent while the block runs, in order."""
+    got: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(task_result)
+
+    signal.connect(receiver)
+    try:
+        yield got
+    finally:
+        signal.disconnect(receiver)
+
+
 def run(job: Job) -> Job:
     """Run the production worker task (it runs every due lane head, this job's if it is due)
     and reload the job."""

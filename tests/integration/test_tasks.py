@@ -13,7 +13,7 @@ from django.db import transaction
 from project.customers.models import Customer, SheetRow
 from tests import tasks
 from tests.factories import SheetRowFactory
-from tests.jobkit import job_of, run
+from tests.jobkit import caught, job_of, run
 from tombstones.exceptions import InvalidParams, RecordDeleted, UnfencedTask, UnknownQueue
 from tombstones.jobs import registry
 from tombstones.models import Job
@@ -521,18 +521,10 @@ def test_result__a_success_after_a_retry_keeps_no_trace(customer: Customer) -> N
 def test_return_value__kept_for_json_and_erased_with_the_records_tombstone(
     customer: Customer, django_capture_on_commit_callbacks: Any
 ) -> None:
-    finished: list[Any] = []
-
-    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        finished.append(task_result)
-
-    task_finished.connect(receiver)
-    try:
+    with caught(task_finished) as finished:
         with django_capture_on_commit_callbacks(execute=True):
             done = finish(tasks.returns.enqueue(customer, "counts"))
         as_tuple = finish(tasks.returns.enqueue(customer, "tuple"))
-    finally:
-        task_finished.disconnect(receiver)
     assert done.status == SUCCESSFUL
     assert done.return_value == {"rows": 2, "ids": [customer.pk]}
     assert [r.return_value for r in finished] == [done.return_value]  # the signal's too
@@ -632,16 +624,8 @@ def test_signals__started_once_per_claim_though_a_reread_calls_the_task_again(
     customer: Customer,
 ) -> None:
     tasks.calls.clear()
-    got: list[Any] = []
-
-    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        got.append(task_result)
-
-    task_started.connect(started)
-    try:
+    with caught(task_started) as got:
         done = finish(tasks.bump_once.enqueue(customer))
-    finally:
-        task_started.disconnect(started)
     assert done.status == SUCCESSFUL
     assert len(tasks.calls) == 2  # the fence lost, the record read again, the task called again
     assert job_of(done).rereads == 1
@@ -721,14 +705,8 @@ def test_signals__a_task_that_ran_costs_its_signals_no_query(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    got: list[Any] = []
-
-    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        got.append(task_result)
-
     result = tasks.touch.enqueue(customer)
-    task_finished.connect(finished)
-    try:
+    with caught(task_finished) as got:
         with (
             CaptureQueriesContext(connection) as ran,
             django_capture_on_commit_callbacks() as callbacks,
@@ -737,8 +715,6 @@ def test_signals__a_task_that_ran_costs_its_signals_no_query(
         with CaptureQueriesContext(connection) as sent:
             for callback in callbacks:
                 callback()
-    finally:
-        task_finished.disconnect(finished)
     reads = [
         q["sql"] for q in ran if q["sql"].startswith("SELECT") and "tombstones_jobevent" in q["sql"]
     ]
@@ -758,24 +734,13 @@ def test_signals__task_finished_carries_the_return_value_and_leaves_the_running_
     """task_finished's result of a plain success is the one the task ran with, ended: a copy
     (the result the task and task_started were given stays RUNNING), with the status, end,
     errors and return value get_result() reads."""
-    started: list[Any] = []
-    got: list[Any] = []
-
-    def on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        started.append(task_result)
-
-    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        got.append(task_result)
-
     result = tasks.returns.enqueue(customer, "counts")
-    task_started.connect(on_started)
-    task_finished.connect(on_finished)
-    try:
-        with django_capture_on_commit_callbacks(execute=True):
-            run(job_of(result))
-    finally:
-        task_started.disconnect(on_started)
-        task_finished.disconnect(on_finished)
+    with (
+        caught(task_started) as started,
+        caught(task_finished) as got,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        run(job_of(result))
     [running], [done] = started, got
     stored = tasks.returns.get_backend().get_result(result.id)
     assert done is not running
@@ -799,18 +764,9 @@ def test_signals__a_failed_task_carries_the_row_as_its_outcome_left_it(
 ) -> None:
     """A task that raised: task_finished, built without reading the ledger, carries the error,
     the erased arguments and the times get_result() reads."""
-    got: list[Any] = []
-
-    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
-        got.append(task_result)
-
     result = tasks.broken.enqueue(customer)
-    task_finished.connect(finished)
-    try:
-        with django_capture_on_commit_callbacks(execute=True):
-            run(job_of(result))
-    finally:
-        task_finished.disconnect(finished)
+    with caught(task_finished) as got, django_capture_on_commit_callbacks(execute=True):
+        run(job_of(result))
     [done] = got
     stored = tasks.broken.get_backend().get_result(result.id)
     assert done.status == FAILED == stored.status
