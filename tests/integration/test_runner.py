@@ -730,6 +730,22 @@ def test_followers__one_claim_runs_a_lane_in_order_each_job_claimed_once(queued:
     assert len(job_writes) == 1  # every outcome of the group in one statement
 
 
+def test_followers__a_claim_takes_no_more_than_its_size_heads_and_followers_in_all(
+    queued: Any,
+) -> None:
+    lane = _lane_of(25)
+    taken = ledger.claim(20, whole=True)
+    assert taken is not None
+    assert [j.pk for j in taken.jobs] == [j.pk for j in lane[:20]]
+    ran, _ = runner.run_claim(taken)
+    assert len(ran) == 20
+    assert _statuses(lane) == [Status.SUCCEEDED] * 20 + [Status.QUEUED] * 5
+    # None was reserved and given back unstarted: the five behind were never the claim's.
+    behind = Job.objects.filter(pk__in=[j.pk for j in lane[20:]])
+    assert set(behind.values_list("attempts", "claim_token")) == {(0, "")}
+    assert all(events(job) == ["enqueued"] for job in lane[20:])
+
+
 def test_followers__wait_behind_a_head_that_holds_its_lane_and_go_back_uncharged(
     queued: Any,
 ) -> None:

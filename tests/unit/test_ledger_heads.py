@@ -117,9 +117,25 @@ def test_pick__followers_in_all_are_the_earliest_places_and_each_lane_a_prefix()
         "A": [front(1, "A"), front(3, "A"), front(5, "A")],
         "B": [front(2, "B"), front(4, "B"), front(6, "B")],
     }
-    picked = pick(["A", "B"], fronts, {"A": [], "B": []}, size=3, whole=True)
+    picked = pick(["A", "B"], fronts, {"A": [], "B": []}, size=5, whole=True)
     assert [f.id for f in picked.heads] == [1, 2]
     assert [f.id for f in picked.followers] == [3, 4, 5]
+
+
+def test_pick__heads_and_followers_together_are_at_most_the_claims_size() -> None:
+    # As many as the group that runs them holds: a follower past it would go back unstarted.
+    hot = [front(n) for n in range(1, 61)]
+    picked = pick(["L"], {"L": hot}, {"L": hints(1)}, size=50, whole=True)
+    assert [f.id for f in picked.heads] == [1]
+    assert [f.id for f in picked.followers] == list(range(2, 51))
+    fronts = {
+        "A": [front(1, "A"), front(3, "A"), front(5, "A")],
+        "B": [front(2, "B"), front(4, "B"), front(6, "B")],
+    }
+    picked = pick(["A", "B"], fronts, {"A": [], "B": []}, size=3, whole=True)
+    assert ([f.id for f in picked.heads], [f.id for f in picked.followers]) == ([1, 2], [3])
+    full = pick(["A", "B"], fronts, {"A": [], "B": []}, size=2, whole=True)
+    assert ([f.id for f in full.heads], full.followers) == ([1, 2], [])
 
 
 def test_pick__only_the_jobs_asked_for_are_heads() -> None:

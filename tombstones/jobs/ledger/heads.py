@@ -168,7 +168,10 @@ def pick(
                     break
                 runs.append(job)
     if whole:
-        by_place = sorted(runs, key=lambda f: (f.queued_at, f.id))[:size]
+        # Heads and followers together at most ``size``: a claim as large as the group that
+        # runs it, none of its followers given back unstarted for want of room.
+        room = max(0, size - len(out.heads))
+        by_place = sorted(runs, key=lambda f: (f.queued_at, f.id))[:room]
         # A lane's run sorted by place is cut to a prefix: no follower skips an earlier one.
         out.followers = by_place
     mine = set(out.ids)  # the statement that takes them clears their hints
