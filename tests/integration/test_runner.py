@@ -746,6 +746,22 @@ def test_followers__a_claim_takes_no_more_than_its_size_heads_and_followers_in_a
     assert all(events(job) == ["enqueued"] for job in lane[20:])
 
 
+def test_followers__a_lanes_jobs_finished_together_leave_one_hint_the_last_ones(
+    queued: Any,
+) -> None:
+    first, second = _lane_of(5), _lane_of(3)
+    taken = ledger.claim(20, whole=True)
+    assert taken is not None
+    assert len(taken.jobs) == 8
+    runner.run_claim(taken)
+    assert set(_statuses(first + second)) == {Status.SUCCEEDED}
+    # Each lane is looked at again (its next enqueue may be behind it), once: its last job.
+    hinted = Job.objects.filter(ready_at__isnull=False).values_list("pk", flat=True)
+    assert set(hinted) == {first[-1].pk, second[-1].pk}
+    late = tombstones.enqueue("t.touch", Customer.objects.get(pk=first[0].object_id))
+    assert [o.job_id for o in runner.pump()] == [late.pk]
+
+
 def test_followers__wait_behind_a_head_that_holds_its_lane_and_go_back_uncharged(
     queued: Any,
 ) -> None:
