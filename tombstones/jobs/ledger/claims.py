@@ -136,13 +136,13 @@ def claim(
     The lanes looked at are those whose hints came due (:mod:`.heads`), locked on PostgreSQL so
     that claims at once take different lanes and none takes a lane while one of its enqueues is
     unfinished (:mod:`.lanes`). A ``whole`` claim (quick handlers: one worker running them in
-    one transaction beats several splitting them) also reserves their lanes' next queued jobs,
-    and takes up to ``limit`` heads with no look first. Otherwise, with several workers, a count
-    of the lanes with due hints first sizes this worker's share (1/``workers`` of them): slow
-    handlers are worth the round trip, and the rest is left to a helper at once. A job whose last
-    claim ended without an outcome (a crash) is taken alone, so that a job that kills its worker
-    is told apart from its batch-mates. The unique running-lane index is the last word. Returns
-    None when nothing is due.
+    one transaction beats several splitting them) also reserves their lanes' next queued jobs
+    (``limit`` jobs in all), and takes up to ``limit`` heads with no look first. Otherwise, with
+    several workers, a count of the lanes with due hints first sizes this worker's share
+    (1/``workers`` of them): slow handlers are worth the round trip, and the rest is left to a
+    helper at once. A job whose last claim ended without an outcome (a crash) is taken alone, so
+    that a job that kills its worker is told apart from its batch-mates. The unique running-lane
+    index is the last word. Returns None when nothing is due.
 
     ``queues``: the lanes of these queues only (default: every queue; ``ids`` names its jobs
     whatever their queue).

@@ -120,8 +120,8 @@ def pick(
     guarded: set[str] | None = None,
 ) -> Picked:
     """The heads (at most ``size``, lanes in the order given) and, for a ``whole`` claim, their
-    lanes' followers (at most ``size`` in all, earliest places first: each lane's unbroken run of
-    queued internal jobs behind an internal head).
+    lanes' followers (as many as the heads leave room for in ``size``, earliest places first:
+    each lane's unbroken run of queued internal jobs behind an internal head).
 
     ``ids``: only these jobs may be heads (the race fixture). ``held``: the jobs the claim could
     lock (PostgreSQL); a head it could not lock is not taken and its lane's hints stay for the
