@@ -188,7 +188,7 @@ def claim(
         if job.content_type_id is not None:  # None: a plain job
             job.content_type = types.get_for_id(job.content_type_id)
         job.too_old = job.created_at < oldest  # type: ignore[attr-defined]
-    taken.sort(key=_place)
+    taken.sort(key=place)
     claimed = Claim(token, wid, db, taken, workers=workers, clock=clock)
     claimed.deadline = sent + lease_margin()
     if seen is not None:
@@ -270,7 +270,8 @@ def _with_their_heads(db: str, taken: list[Job]) -> list[Job]:
     return [job for job in taken if job.pk not in stray]
 
 
-def _place(job: Job) -> tuple[Any, int]:
+def place(job: Job) -> tuple[Any, int]:
+    """The job's place in its lane: lane order is (queued_at, id)."""
     return (job.queued_at, job.pk)
 
 

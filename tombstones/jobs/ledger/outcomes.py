@@ -28,7 +28,7 @@ from ...signals import job_escalated, job_finished
 from .. import tracing
 from ..models import Job, JobEvent
 from ..states import EVENT_FOR_STATUS, TERMINAL, Event, Reason, Status
-from .claims import Claim, given_back, mine
+from .claims import Claim, given_back, mine, place
 from .params import EMPTY_PARAMS, params_after
 
 logger = logging.getLogger("tombstones")
@@ -280,20 +280,19 @@ def _hints(by_id: dict[int, Outcome]) -> Any:
     moves on). The hints of the others would say nothing more, and each costs the next claim a
     row to clear (a hot lane's group: 50 of them)."""
     last: dict[str, Outcome] = {}
-    for o in by_id.values():
-        mark = last.get(o.job.lane)
-        if mark is None or (o.job.queued_at, o.job_id) > (mark.job.queued_at, mark.job_id):
-            last[o.job.lane] = o
-    silent = [
+    for o in sorted(by_id.values(), key=lambda o: place(o.job)):
+        last[o.job.lane] = o  # in lane order: the lane's last one stays
+    silent = {
         pk for pk, o in by_id.items() if o.status == Status.PAUSED or last[o.job.lane] is not o
-    ]
+    }
     cases = [
         When(pk=pk, then=Now() + Value(o.retry_in))
         for pk, o in by_id.items()
         if o.retry_in is not None and pk not in silent
     ]
     if silent:
-        cases.insert(0, When(pk__in=silent, then=Value(None, output_field=models.DateTimeField())))
+        none = Value(None, output_field=models.DateTimeField())
+        cases.insert(0, When(pk__in=sorted(silent), then=none))
     if not cases:
         return Now()
     return Case(*cases, default=Now(), output_field=models.DateTimeField())
